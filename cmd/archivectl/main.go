@@ -1,0 +1,423 @@
+// Command archivectl operates the idempotency key archive: it migrates the
+// schema, manages partitions, sweeps expired keys, looks keys up, runs
+// investigation queries and verifies the runbook's checks.
+//
+// It reads DATABASE_URL and the same configuration variables as the Lambda
+// functions (see the README). Results go to stdout as JSON; errors are one line
+// on stderr. Exit status: 0 success, 1 "no" (key not found, a check failed),
+// 2 error.
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/database"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/schema"
+	"github.com/idemarchive/idemarchive/shared/settings"
+	"github.com/idemarchive/idemarchive/shared/sweep"
+	"github.com/idemarchive/idemarchive/shared/verify"
+)
+
+const usage = `usage: archivectl <command> [flags]
+
+commands:
+  migrate                     apply schema migrations and role grants
+  partitions [--lead-months N] [--retention-months N] [--dry-run]
+                              ensure future partitions, retire old ones
+  sweep [--batch N] [--pause D] [--max-duration D]
+                              move expired live keys into the archive
+  lookup KEY [--fingerprint HEX]
+                              look up one scoped key (exit 1 when not found)
+  query --scope-prefix P --created-from T --created-to T [--limit N] [--cursor C]
+                              list archived keys for an investigation
+  verify [--recent D]         the runbook's four checks (exit 1 when one fails)
+
+Every command takes --emit-metrics to write CloudWatch EMF lines to stderr.
+Configuration comes from DATABASE_URL and the variables listed in the README.
+`
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitNo    = 1
+	exitError = 2
+)
+
+// errNo ends a command with exit status 1 after it printed its answer.
+var errNo = errors.New("no")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// env is what a command needs from its surroundings.
+type env struct {
+	stdout, stderr io.Writer
+	settings       settings.Settings
+	metrics        *metrics.Emitter
+	logger         *slog.Logger
+	stderrIsTTY    bool
+}
+
+type command func(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error
+
+var commands = map[string]command{
+	"migrate":    cmdMigrate,
+	"partitions": cmdPartitions,
+	"sweep":      cmdSweep,
+	"lookup":     cmdLookup,
+	"query":      cmdQuery,
+	"verify":     cmdVerify,
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return exitError
+		}
+		return exitOK
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "archivectl: unknown command %q (run archivectl --help)\n", args[0])
+		return exitError
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "archivectl %s: %s\n", args[0], oneLine(err))
+		return exitError
+	}
+
+	rest := args[1:]
+	if slices.ContainsFunc(rest, isHelpFlag) {
+		// Help needs neither configuration nor a database.
+		e := &env{stdout: stdout, stderr: stderr}
+		_ = cmd(ctx, e, nil, rest)
+		return exitOK
+	}
+	s, err := settings.FromEnv(getenv)
+	if err != nil {
+		return fail(err)
+	}
+	e := &env{
+		stdout:   stdout,
+		stderr:   stderr,
+		settings: s,
+		logger:   slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+	if f, ok := stderr.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			e.stderrIsTTY = true
+		}
+	}
+	if i := slices.Index(rest, "--emit-metrics"); i >= 0 {
+		e.metrics = metrics.New(stderr, s.MetricsNamespace)
+		rest = append(rest[:i:i], rest[i+1:]...)
+	}
+
+	pool, err := database.Open(ctx, s.Database)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Close()
+
+	switch err := cmd(ctx, e, pool, rest); {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errNo):
+		return exitNo
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	default:
+		return fail(err)
+	}
+}
+
+func cmdMigrate(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
+	fs := newFlagSet("migrate", e)
+	if _, err := parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Release()
+	res, err := schema.Migrate(ctx, conn.Conn(), e.logger)
+	if err != nil {
+		return err
+	}
+	return e.printJSON(res)
+}
+
+func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
+	cfg := e.settings.Partitions
+	fs := newFlagSet("partitions", e)
+	fs.IntVar(&cfg.LeadMonths, "lead-months", cfg.LeadMonths, "months ahead that must have partitions (default 3, at least 2)")
+	fs.IntVar(&cfg.RetentionMonths, "retention-months", cfg.RetentionMonths, "whole months kept before the current one (0 keeps everything)")
+	dryRun := fs.Bool("dry-run", false, "print the DDL that would run, run nothing")
+	if _, err := parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	// Zero means "default" in the Config; on the command line it is a mistake.
+	if err := atLeast(fs, "lead-months", cfg.LeadMonths, 2); err != nil {
+		return err
+	}
+	m, err := partition.NewManager(pool, cfg, e.metrics)
+	if err != nil {
+		return err
+	}
+	res, err := m.Run(ctx, *dryRun)
+	if err != nil {
+		return err
+	}
+	if *dryRun {
+		if len(res.Statements) == 0 {
+			fmt.Fprintln(e.stdout, "-- nothing to do")
+		}
+		for _, stmt := range res.Statements {
+			fmt.Fprintln(e.stdout, stmt+";")
+		}
+		return nil
+	}
+	return e.printJSON(res)
+}
+
+func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
+	cfg := e.settings.Sweep
+	fs := newFlagSet("sweep", e)
+	fs.IntVar(&cfg.BatchSize, "batch", cfg.BatchSize, "rows per batch (default 10000, at most 50000)")
+	fs.DurationVar(&cfg.Pause, "pause", cfg.Pause, "pause between batches (default 200ms)")
+	fs.DurationVar(&cfg.MaxDuration, "max-duration", cfg.MaxDuration, "start no batch after this long (default: until drained)")
+	if _, err := parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	if err := atLeast(fs, "batch", cfg.BatchSize, sweep.MinBatchSize); err != nil {
+		return err
+	}
+	parts, err := partition.NewManager(pool, e.settings.Partitions, nil)
+	if err != nil {
+		return err
+	}
+	var s *sweep.Sweeper
+	if e.stderrIsTTY {
+		p := &progress{w: e.stderr, backlog: func() (int64, error) { return s.Backlog(ctx) }}
+		cfg.OnBatch = p.report
+		defer p.done()
+	}
+	if s, err = sweep.New(pool, cfg, parts, e.metrics); err != nil {
+		return err
+	}
+	res, err := s.Run(ctx)
+	if err != nil {
+		// Say how far the run got before the error line.
+		_ = e.printJSON(res)
+		return err
+	}
+	return e.printJSON(res)
+}
+
+// progress prints a one-line, self-overwriting progress report on a terminal.
+type progress struct {
+	w           io.Writer
+	backlog     func() (int64, error)
+	lastBacklog time.Time
+	left        string
+	printed     bool
+}
+
+func (p *progress) report(pr sweep.Progress) {
+	// Counting the backlog costs a query: refresh it every two seconds.
+	if time.Since(p.lastBacklog) > 2*time.Second {
+		p.lastBacklog = time.Now()
+		if n, err := p.backlog(); err == nil {
+			p.left = fmt.Sprintf("%d", n)
+		}
+	}
+	rate := float64(pr.Moved) / max(pr.Elapsed.Seconds(), 0.001)
+	fmt.Fprintf(p.w, "\rsweep: %d rows moved in %d batches, %.0f rows/s, backlog left %s   ", pr.Moved, pr.Batches, rate, cmp.Or(p.left, "?"))
+	p.printed = true
+}
+
+func (p *progress) done() {
+	if p.printed {
+		fmt.Fprintln(p.w)
+	}
+}
+
+func cmdLookup(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
+	fs := newFlagSet("lookup", e)
+	fpHex := fs.String("fingerprint", "", "hex SHA-256 fingerprint to compare with the archived one")
+	pos, err := parse(e, fs, args, 1)
+	if err != nil {
+		return err
+	}
+	var fp []byte
+	if *fpHex != "" {
+		if fp, err = hex.DecodeString(*fpHex); err != nil {
+			return fmt.Errorf("--fingerprint is not hex: %q", *fpHex)
+		}
+	}
+	r, err := archive.NewReader(pool, e.settings.Archive, e.metrics)
+	if err != nil {
+		return err
+	}
+	rec, err := r.Lookup(ctx, pos[0], fp)
+	if errors.Is(err, archive.ErrNotFound) {
+		fmt.Fprintf(e.stderr, "archivectl lookup: %q is not in the archive\n", pos[0])
+		return errNo
+	}
+	if err != nil {
+		return err
+	}
+	return e.printJSON(rec)
+}
+
+func cmdQuery(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
+	var q archive.Query
+	var from, to string
+	fs := newFlagSet("query", e)
+	fs.StringVar(&q.ScopePrefix, "scope-prefix", "", "scoped keys starting with this, byte for byte (required)")
+	fs.StringVar(&from, "created-from", "", "RFC 3339 time, inclusive (required)")
+	fs.StringVar(&to, "created-to", "", "RFC 3339 time, exclusive (required)")
+	fs.IntVar(&q.Limit, "limit", 100, "page size")
+	fs.StringVar(&q.Cursor, "cursor", "", "next_cursor of the previous page")
+	if _, err := parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	var err error
+	if q.CreatedFrom, err = parseTime("--created-from", from); err != nil {
+		return err
+	}
+	if q.CreatedTo, err = parseTime("--created-to", to); err != nil {
+		return err
+	}
+	r, err := archive.NewReader(pool, e.settings.Archive, e.metrics)
+	if err != nil {
+		return err
+	}
+	page, err := r.Investigate(ctx, q)
+	if err != nil {
+		return err
+	}
+	return e.printJSON(page)
+}
+
+func cmdVerify(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
+	var opts verify.Options
+	fs := newFlagSet("verify", e)
+	fs.DurationVar(&opts.Recent, "recent", 24*time.Hour, "window in which archive rows must exist")
+	if _, err := parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	checks, err := verify.Run(ctx, pool, opts)
+	if err != nil {
+		return err
+	}
+	failed := false
+	for _, c := range checks {
+		verdict := "PASS"
+		if !c.Pass {
+			verdict, failed = "FAIL", true
+		}
+		fmt.Fprintf(e.stdout, "%s  %-36s %s\n", verdict, c.Name, c.Figure)
+	}
+	if failed {
+		return errNo
+	}
+	return nil
+}
+
+func newFlagSet(name string, e *env) *flag.FlagSet {
+	fs := flag.NewFlagSet("archivectl "+name, flag.ContinueOnError)
+	// The flag package prints errors and usage itself; errors are reported
+	// once, on one line, by run, and usage only on -h.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parse parses flags that may come before or after exactly nPos positional
+// arguments ("lookup KEY --fingerprint X" as well as "lookup --fingerprint X KEY").
+func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprintf(e.stderr, "usage of %s:\n", fs.Name())
+				fs.SetOutput(e.stderr)
+				fs.PrintDefaults()
+				return nil, err
+			}
+			return nil, errors.New(strings.TrimSpace(err.Error()))
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	if len(pos) != nPos {
+		return nil, fmt.Errorf("want %d argument(s), got %d: %q", nPos, len(pos), pos)
+	}
+	return pos, nil
+}
+
+func isHelpFlag(a string) bool { return a == "-h" || a == "--help" || a == "-help" }
+
+// atLeast rejects a flag given explicitly with a value below min.
+func atLeast(fs *flag.FlagSet, name string, value, min int) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name && value < min {
+			err = fmt.Errorf("--%s must be at least %d, got %d", name, min, value)
+		}
+	})
+	return err
+}
+
+func parseTime(flagName, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, fmt.Errorf("%s is required", flagName)
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s is not an RFC 3339 time such as 2026-12-01T00:00:00Z: %q", flagName, v)
+	}
+	return t, nil
+}
+
+func (e *env) printJSON(v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// oneLine keeps an error message on one line, so that errors never look like
+// stack traces.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+)
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// cli runs archivectl in-process with DATABASE_URL pointing at the test's
+// schema and extra environment variables.
+func cli(t *testing.T, db *dbtest.DB, env map[string]string, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	getenv := func(k string) string {
+		if v, ok := env[k]; ok {
+			return v
+		}
+		if k == "DATABASE_URL" && db != nil {
+			return db.URL
+		}
+		return ""
+	}
+	code := run(context.Background(), args, &out, &errb, getenv)
+	return result{code, out.String(), errb.String()}
+}
+
+func requireOneLineError(t *testing.T, r result, want string) {
+	t.Helper()
+	require.Equal(t, exitError, r.code, "stdout: %s", r.stdout)
+	require.Contains(t, r.stderr, want)
+	require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, "one line: %q", r.stderr)
+	require.NotContains(t, r.stderr, "goroutine")
+}
+
+func TestRunbookEndToEnd(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+
+	// migrate is idempotent
+	r := cli(t, db, nil, "migrate")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	var mig struct{ FromVersion, ToVersion int32 }
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &mig))
+	require.Equal(t, mig.FromVersion, mig.ToVersion, "dbtest already migrated")
+
+	// partitions: dry run prints DDL, the real run a JSON summary
+	r = cli(t, db, nil, "partitions", "--dry-run")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "ATTACH PARTITION")
+	require.Equal(t, 4, strings.Count(r.stdout, "CREATE TABLE"))
+	r = cli(t, db, nil, "partitions", "--lead-months", "2")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	var parts struct{ Created []string }
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &parts))
+	require.Len(t, parts.Created, 3)
+
+	// verify fails before anything was archived
+	r = cli(t, db, nil, "verify")
+	require.Equal(t, exitNo, r.code, r.stderr)
+	require.Contains(t, r.stdout, "FAIL  recent archive rows exist")
+
+	// a completed key expires and an in-flight one too
+	now := time.Now().UTC()
+	dbtest.InsertLive(t, db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:probe", Status: 201, Response: map[string]any{"id": "ch_probe"}, CreatedAt: now.Add(-30 * time.Hour), ExpiresAt: now.Add(-6 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:lost", ExpiresAt: now.Add(-time.Hour)},
+	)
+	r = cli(t, db, nil, "verify")
+	require.Equal(t, exitNo, r.code)
+	require.Contains(t, r.stdout, "FAIL  expired backlog is zero              2 expired live rows")
+
+	r = cli(t, db, nil, "sweep", "--batch", "1", "--pause", "1ms", "--emit-metrics")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	var sw struct {
+		Moved   int64
+		Drained bool
+		Backlog int64
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &sw))
+	require.Equal(t, int64(2), sw.Moved)
+	require.True(t, sw.Drained)
+	require.Contains(t, r.stderr, `"idempotency_archived_total":2`, "--emit-metrics writes EMF to stderr")
+
+	r = cli(t, db, nil, "verify")
+	require.Equal(t, exitOK, r.code, r.stdout)
+	require.Equal(t, 4, strings.Count(r.stdout, "PASS"))
+
+	// lookup: found (exit 0) with fingerprint match, not found (exit 1)
+	fp := hex.EncodeToString(dbtest.Fingerprint("idem:v1:probe"))
+	r = cli(t, db, nil, "lookup", "idem:v1:probe", "--fingerprint", fp)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rec))
+	require.EqualValues(t, 201, rec["original_status"])
+	require.Equal(t, "ch_probe", rec["resource_id"])
+	require.Equal(t, true, rec["fingerprint_match"])
+	r = cli(t, db, nil, "lookup", "--fingerprint", "00", "idem:v1:probe")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"fingerprint_match": false`)
+	r = cli(t, db, nil, "lookup", "idem:v1:lost")
+	require.Equal(t, exitOK, r.code)
+	require.Contains(t, r.stdout, `"original_status": 0`)
+	r = cli(t, db, nil, "lookup", "idem:v1:nope")
+	require.Equal(t, exitNo, r.code)
+	require.Empty(t, r.stdout)
+
+	// query pages with a cursor
+	from := now.Add(-48 * time.Hour).Format(time.RFC3339)
+	to := now.Format(time.RFC3339)
+	r = cli(t, db, nil, "query", "--scope-prefix", "idem:v1:", "--created-from", from, "--created-to", to, "--limit", "1")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	var page struct {
+		Records    []map[string]any
+		NextCursor string `json:"next_cursor"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &page))
+	require.Len(t, page.Records, 1)
+	require.Equal(t, "idem:v1:lost", page.Records[0]["scoped_key"])
+	r = cli(t, db, nil, "query", "--scope-prefix", "idem:v1:", "--created-from", from, "--created-to", to, "--limit", "1", "--cursor", page.NextCursor)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "idem:v1:probe")
+	require.NotContains(t, r.stdout, "next_cursor")
+}
+
+func TestBadInputIsOneClearLine(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"unknown command", nil, []string{"bogus"}, `unknown command "bogus"`},
+		{"unknown flag", nil, []string{"sweep", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"zero batch", nil, []string{"sweep", "--batch", "0"}, "--batch must be at least 1"},
+		{"huge batch", nil, []string{"sweep", "--batch", "50001"}, "between 1 and 50000"},
+		{"short lead", nil, []string{"partitions", "--lead-months", "1"}, "at least 2"},
+		{"negative retention", nil, []string{"partitions", "--retention-months", "-1"}, "must not be negative"},
+		{"lookup without key", nil, []string{"lookup"}, "want 1 argument(s), got 0"},
+		{"lookup bad fingerprint", nil, []string{"lookup", "k", "--fingerprint", "zz"}, "--fingerprint is not hex"},
+		{"lookup empty key", nil, []string{"lookup", ""}, "invalid key: empty"},
+		{"query bad time", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "yesterday", "--created-to", "2026-01-01T00:00:00Z"}, "--created-from is not an RFC 3339 time"},
+		{"query reversed window", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "2026-02-01T00:00:00Z", "--created-to", "2026-01-01T00:00:00Z"}, "created_from must be before created_to"},
+		{"query bad cursor", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "2026-01-01T00:00:00Z", "--created-to", "2026-02-01T00:00:00Z", "--cursor", "%%%"}, "invalid cursor"},
+		{"bad env duration", map[string]string{"SWEEP_PAUSE": "soon"}, []string{"sweep"}, `SWEEP_PAUSE: not a duration`},
+		{"bad env mode", map[string]string{"SWEEP_MISSING_PARTITION": "maybe"}, []string{"sweep"}, `SWEEP_MISSING_PARTITION: want create or fail`},
+		{"no database", map[string]string{"DATABASE_URL": ""}, []string{"verify"}, "set DATABASE_URL"},
+		{"database URL with password is not echoed", map[string]string{"DATABASE_URL": "postgres://u:s3cret@[::1"}, []string{"verify"}, "not a valid PostgreSQL connection string"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := cli(t, db, tc.env, tc.args...)
+			requireOneLineError(t, r, tc.want)
+			require.NotContains(t, r.stderr, "s3cret")
+		})
+	}
+}
+
+func TestUnreachableDatabaseIsOneLine(t *testing.T) {
+	t.Parallel()
+	r := cli(t, nil, map[string]string{"DATABASE_URL": "postgres://nobody:pw@127.0.0.1:1/x?connect_timeout=2"}, "verify")
+	requireOneLineError(t, r, "connect")
+	require.NotContains(t, r.stderr, "pw@")
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	r := cli(t, nil, nil, "--help")
+	require.Equal(t, exitOK, r.code)
+	require.Contains(t, r.stderr, "usage: archivectl")
+	r = cli(t, nil, nil)
+	require.Equal(t, exitError, r.code)
+}

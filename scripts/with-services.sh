@@ -1,0 +1,355 @@
+#!/usr/bin/env bash
+# with-services.sh — run a command with throwaway PostgreSQL and Redis.
+#
+# Usage: scripts/with-services.sh <command> [args...]
+#
+# Used by `make test` and `make dev`. Starts a private PostgreSQL cluster and
+# a private redis-server (each on a free port bound to 127.0.0.1, data in a
+# fresh temp dir), exports DATABASE_URL / REDIS_URL (and PG_BIN_DIR when the
+# PostgreSQL binaries were found), runs the command, then stops both services
+# and removes the temp dir on any exit — success, failure or Ctrl-C — and
+# exits with the command's exit status.
+#
+# Environment:
+#   DATABASE_URL              if set, used as is; no Postgres is started.
+#   REDIS_URL                 if set, used as is; no Redis is started.
+#   WITH_SERVICES_NO_REDIS=1  do not start Redis (REDIS_URL stays unset).
+#
+# Works as root (CI, fresh Debian 12: missing packages are installed with
+# apt-get) and as an ordinary user (packages must already be installed).
+
+set -euo pipefail
+
+readonly PG_USER=idemarchive-test
+
+log() { printf 'with-services: %s\n' "$*" >&2; }
+die() {
+	printf 'with-services: error: %s\n' "$*" >&2
+	exit 1
+}
+
+if [[ $# -eq 0 ]]; then
+	echo "usage: $0 <command> [args...]" >&2
+	exit 2
+fi
+
+is_root=false
+[[ ${EUID} -eq 0 ]] && is_root=true
+
+tmp_dir=""
+pg_dir=""
+pg_data=""
+redis_pid=""
+
+# Runs on every exit path. It must never abort half-way (hence set +e) and
+# must keep the exit status the script was leaving with.
+# shellcheck disable=SC2317 # only called via trap, which shellcheck can't see
+cleanup() {
+	local rc=$?
+	set +e
+	if [[ -n ${redis_pid} ]] && kill -0 "${redis_pid}" 2>/dev/null; then
+		kill "${redis_pid}" 2>/dev/null
+		# Give it a moment to exit cleanly, then make sure it is gone.
+		local i
+		for ((i = 0; i < 50; i++)); do
+			kill -0 "${redis_pid}" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL "${redis_pid}" 2>/dev/null
+		wait "${redis_pid}" 2>/dev/null
+	fi
+	if [[ -n ${pg_data} && -f ${pg_data}/postmaster.pid ]]; then
+		local pm_pid
+		pm_pid=$(head -n 1 "${pg_data}/postmaster.pid" 2>/dev/null)
+		# Immediate mode: the data is thrown away anyway, no checkpoint needed.
+		run_pg "${PG_BIN_DIR:-}/pg_ctl" -D "${pg_data}" -m immediate -w -t 30 stop >/dev/null 2>&1
+		# Belt and braces in case pg_ctl could not be run (e.g. user switch broke).
+		if [[ ${pm_pid} =~ ^[0-9]+$ ]] && kill -0 "${pm_pid}" 2>/dev/null; then
+			kill -KILL "${pm_pid}" 2>/dev/null
+		fi
+	fi
+	if [[ -n ${tmp_dir} && -d ${tmp_dir} ]]; then
+		rm -rf -- "${tmp_dir}"
+	fi
+	exit "${rc}"
+}
+trap cleanup EXIT
+# Turn signals into a normal exit so the EXIT trap runs (128 + signal number).
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+apt_updated=false
+# apt_install PKG: install a Debian package, only possible as root with apt-get.
+apt_install() {
+	log "installing Debian package $1 (apt-get)"
+	if ! ${apt_updated}; then
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+		apt_updated=true
+	fi
+	# Output to stderr: stdout belongs to the wrapped command.
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >&2
+}
+
+can_apt_install() { ${is_root} && command -v apt-get >/dev/null 2>&1; }
+
+# port_in_use PORT: true if something listens on 127.0.0.1:PORT.
+port_in_use() {
+	local port=$1
+	# A successful connect means someone is listening.
+	if (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
+		return 0
+	fi
+	# ss also sees listeners on other addresses (e.g. 0.0.0.0 or ::) that
+	# would make our bind fail.
+	if command -v ss >/dev/null 2>&1 &&
+		[[ -n $(ss -Hltn "sport = :${port}" 2>/dev/null) ]]; then
+		return 0
+	fi
+	return 1
+}
+
+# free_port: print a free port. A random start in 20000-40000 keeps parallel
+# runs (several worktrees, CI) from racing for the same port.
+free_port() {
+	local start=$((20000 + RANDOM % 20000)) i port
+	for ((i = 0; i < 500; i++)); do
+		port=$((20000 + (start - 20000 + i) % 20000))
+		if ! port_in_use "${port}"; then
+			echo "${port}"
+			return 0
+		fi
+	done
+	die "no free TCP port found in 20000-40000"
+}
+
+# tail_log NAME FILE: show the end of a service log after a startup failure.
+tail_log() {
+	if [[ -s $2 ]]; then
+		printf 'with-services: last lines of %s log (%s):\n' "$1" "$2" >&2
+		tail -n 30 -- "$2" >&2
+	fi
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+# find_pg_bin: print the first directory holding initdb, pg_ctl and postgres:
+# the one initdb on PATH resolves to (symlinks followed, so that e.g.
+# /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin gives the real dir with
+# psql too), else the newest /usr/lib/postgresql/<version>/bin (Debian's
+# layout, which is not on PATH).
+find_pg_bin() {
+	local candidates=() dir found
+	if found=$(command -v initdb 2>/dev/null); then
+		candidates+=("$(dirname -- "$(readlink -f -- "${found}")")")
+	fi
+	# sort -V so that 9.6 < 10 < 15 < 16.
+	while IFS= read -r dir; do
+		[[ -n ${dir} ]] && candidates+=("${dir}")
+	done < <(compgen -G '/usr/lib/postgresql/*/bin' | sort -rV || true)
+	for dir in "${candidates[@]+"${candidates[@]}"}"; do
+		if [[ -x ${dir}/initdb && -x ${dir}/pg_ctl && -x ${dir}/postgres ]]; then
+			echo "${dir}"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# run_pg CMD...: run a PostgreSQL command as the cluster owner. initdb and
+# postgres refuse to run as root, so as root they run as ${PG_USER}.
+run_pg() {
+	if ! ${is_root}; then
+		"$@"
+		return
+	fi
+	# cd first: the user may not be allowed into the caller's cwd (e.g. /root),
+	# which makes initdb/postgres complain.
+	if command -v runuser >/dev/null 2>&1; then
+		(cd "${pg_dir}" && runuser -u "${PG_USER}" -- "$@")
+	else
+		# Arguments go through "$@" of sh -c, so nothing is re-quoted; the
+		# "--" stops su from parsing the command's options (e.g. -w) as its own.
+		(cd "${pg_dir}" && su -s /bin/sh -c 'exec "$@"' -- "${PG_USER}" sh "$@")
+	fi
+}
+
+ensure_pg_user() {
+	id -u "${PG_USER}" >/dev/null 2>&1 && return 0
+	command -v useradd >/dev/null 2>&1 ||
+		die "running as root but useradd is missing; cannot create user ${PG_USER} to run PostgreSQL"
+	# A system user without home or login shell: it only owns the cluster.
+	# Another run may create it concurrently, so re-check on failure.
+	useradd --system --no-create-home --home-dir /nonexistent \
+		--shell /usr/sbin/nologin "${PG_USER}" 2>/dev/null ||
+		id -u "${PG_USER}" >/dev/null 2>&1 ||
+		die "could not create system user ${PG_USER}"
+}
+
+# pg_initdb LOCALE: create the cluster in ${pg_data} (wiped first, so it can
+# be retried with another locale).
+pg_initdb() {
+	rm -rf -- "${pg_data}"
+	mkdir -m 700 -- "${pg_data}"
+	${is_root} && chown "${PG_USER}:" "${pg_data}"
+	run_pg "${PG_BIN_DIR}/initdb" -D "${pg_data}" -U postgres --auth=trust \
+		-E UTF8 --locale="$1" >>"${pg_dir}/initdb.log" 2>&1
+}
+
+start_postgres() {
+	if [[ -z ${PG_BIN_DIR:-} ]]; then
+		if can_apt_install; then
+			apt_install postgresql
+			PG_BIN_DIR=$(find_pg_bin) ||
+				die "PostgreSQL binaries still not found after installing the postgresql package"
+		else
+			die "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found on PATH or in /usr/lib/postgresql/*/bin; install PostgreSQL (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL"
+		fi
+		export PG_BIN_DIR
+	fi
+
+	pg_dir=${tmp_dir}/pg
+	pg_data=${pg_dir}/data
+	mkdir -m 755 -- "${pg_dir}"
+	if ${is_root}; then
+		ensure_pg_user
+		# The cluster owner writes data, log and socket here.
+		chown "${PG_USER}:" "${pg_dir}"
+		run_pg test -w "${pg_dir}" ||
+			die "user ${PG_USER} cannot write to ${pg_dir}; is TMPDIR (${TMPDIR:-/tmp}) traversable by other users?"
+	fi
+
+	# C.UTF-8 gives UTF-8 collation without a generated locale; older systems
+	# may lack it, and plain C works everywhere.
+	if ! pg_initdb C.UTF-8; then
+		log "initdb with locale C.UTF-8 failed; retrying with locale C"
+		if ! pg_initdb C; then
+			tail_log initdb "${pg_dir}/initdb.log"
+			die "initdb failed"
+		fi
+	fi
+
+	local port
+	port=$(free_port)
+	# Appended settings override initdb's defaults. Durability is off because
+	# the cluster is thrown away; only loopback TCP and a private socket dir,
+	# so nothing else on the machine can reach it or clash with it.
+	cat >>"${pg_data}/postgresql.conf" <<-EOF
+
+		# --- with-services.sh: throwaway test cluster ---
+		listen_addresses = '127.0.0.1'
+		port = ${port}
+		unix_socket_directories = '${pg_dir}'
+		fsync = off
+		synchronous_commit = off
+		full_page_writes = off
+		max_connections = 200
+		shared_buffers = 128MB
+	EOF
+
+	if ! run_pg "${PG_BIN_DIR}/pg_ctl" -D "${pg_data}" -l "${pg_dir}/postgres.log" \
+		-w -t 60 start >/dev/null 2>>"${pg_dir}/pg_ctl.log"; then
+		tail_log pg_ctl "${pg_dir}/pg_ctl.log"
+		tail_log postgres "${pg_dir}/postgres.log"
+		die "PostgreSQL failed to start on 127.0.0.1:${port}"
+	fi
+
+	export DATABASE_URL="postgres://postgres@127.0.0.1:${port}/postgres?sslmode=disable"
+	local version
+	version=$("${PG_BIN_DIR}/postgres" --version 2>/dev/null | sed -n 's/.*(PostgreSQL) \([0-9][0-9.]*\).*/\1/p')
+	log "postgres ${version%%.*} on 127.0.0.1:${port}"
+}
+
+# ---------------------------------------------------------------------- Redis
+
+# redis_ping PORT: true once the server answers PONG.
+redis_ping() {
+	local port=$1 reply=""
+	if command -v redis-cli >/dev/null 2>&1; then
+		[[ $(redis-cli -h 127.0.0.1 -p "${port}" ping 2>/dev/null) == PONG ]]
+		return
+	fi
+	# No redis-cli: speak the protocol over bash's /dev/tcp, in a subshell so
+	# the fd never leaks into this shell.
+	reply=$(
+		exec 3<>"/dev/tcp/127.0.0.1/${port}" &&
+			printf 'PING\r\n' >&3 &&
+			IFS= read -r -t 2 line <&3 &&
+			printf '%s' "${line%$'\r'}"
+	) 2>/dev/null || true
+	[[ ${reply} == +PONG ]]
+}
+
+start_redis() {
+	if ! command -v redis-server >/dev/null 2>&1; then
+		if can_apt_install; then
+			# If the package starts its own system service, that one is left
+			# alone: ours is a separate process on its own port.
+			apt_install redis-server
+			command -v redis-server >/dev/null 2>&1 ||
+				die "redis-server still not found after installing the redis-server package"
+		else
+			die "redis-server not found on PATH; install Redis (Debian/Ubuntu: apt-get install redis-server), set REDIS_URL, or set WITH_SERVICES_NO_REDIS=1"
+		fi
+	fi
+
+	local port log_file=${tmp_dir}/redis.log
+	port=$(free_port)
+	# Foreground server in the background of this script, so we own its pid.
+	# No persistence: the data is throwaway. Logs go to stdout -> log file.
+	redis-server --port "${port}" --bind 127.0.0.1 --save '' --appendonly no \
+		--daemonize no --dir "${tmp_dir}" \
+		</dev/null >"${log_file}" 2>&1 &
+	redis_pid=$!
+
+	local i
+	for ((i = 0; i < 100; i++)); do
+		if ! kill -0 "${redis_pid}" 2>/dev/null; then
+			redis_pid=""
+			tail_log redis "${log_file}"
+			die "redis-server exited during startup (port ${port})"
+		fi
+		if redis_ping "${port}"; then
+			export REDIS_URL="redis://127.0.0.1:${port}/0"
+			local version
+			version=$(redis-server --version 2>/dev/null | sed -n 's/.*v=\([0-9.]*\).*/\1/p')
+			log "redis ${version} on 127.0.0.1:${port}"
+			return 0
+		fi
+		sleep 0.1
+	done
+	tail_log redis "${log_file}"
+	die "redis-server did not answer PING on 127.0.0.1:${port} within 10s"
+}
+
+# ----------------------------------------------------------------------- main
+
+# Look for the PostgreSQL binaries even when DATABASE_URL is given, so tests
+# can still use psql from PG_BIN_DIR; installing is only done when needed.
+if [[ -z ${PG_BIN_DIR:-} ]] || [[ ! -x ${PG_BIN_DIR}/pg_ctl ]]; then
+	PG_BIN_DIR=$(find_pg_bin) || PG_BIN_DIR=""
+fi
+if [[ -n ${PG_BIN_DIR} ]]; then
+	export PG_BIN_DIR
+else
+	unset PG_BIN_DIR
+fi
+
+need_pg=false
+need_redis=false
+[[ -z ${DATABASE_URL:-} ]] && need_pg=true
+[[ -z ${REDIS_URL:-} && ${WITH_SERVICES_NO_REDIS:-} != 1 ]] && need_redis=true
+
+if ${need_pg} || ${need_redis}; then
+	tmp_dir=$(mktemp -d -t with-services.XXXXXXXX)
+	# mktemp makes it 0700; the unprivileged cluster owner must get through it.
+	chmod 755 -- "${tmp_dir}"
+fi
+
+${need_pg} && start_postgres
+${need_redis} && start_redis
+
+# Not exec: the EXIT trap has to run after the command to stop the services.
+status=0
+"$@" || status=$?
+exit "${status}"

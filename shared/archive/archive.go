@@ -1,0 +1,348 @@
+// Package archive reads idempotency_key_archive: the point lookup that answers
+// a late retry, and the investigation query that lists what was archived under
+// a scope.
+//
+// A point lookup reads the partitioned primary key. For keys that embed their
+// creation time (ULID, UUIDv7; see package keytime) the query also bounds
+// expired_at from below by that time minus the allowed clock skew: a key cannot
+// expire before it was minted, and the bound lets PostgreSQL prune every older
+// partition, so the lookup touches the few newest months only. Keys without a
+// timestamp search every partition.
+//
+//	r := archive.NewReader(pool, archive.Config{LiveTTL: 24 * time.Hour}, emitter)
+//	rec, err := r.Lookup(ctx, "idem:v1:probe", fingerprint)
+//	if errors.Is(err, archive.ErrNotFound) { ... }
+package archive
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemarchive/idemarchive/shared/keytime"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+)
+
+// Errors returned by the Reader. Callers map them to responses.
+var (
+	// ErrNotFound means the archive holds no row for the key.
+	ErrNotFound = errors.New("archive: key not found")
+	// ErrInvalidKey means the scoped key is empty, too long or not UTF-8.
+	ErrInvalidKey = errors.New("archive: invalid key")
+	// ErrInvalidQuery means the investigation query's parameters are unusable.
+	ErrInvalidQuery = errors.New("archive: invalid query")
+	// ErrInvalidCursor means a paging cursor was not one this package issued.
+	ErrInvalidCursor = errors.New("archive: invalid cursor")
+)
+
+// MaxScopedKeyBytes bounds scoped keys accepted for lookup.
+const MaxScopedKeyBytes = 512
+
+// InFlightStatus is the status_code of a key that expired before its request
+// completed.
+const InFlightStatus = 0
+
+// Config configures a Reader.
+type Config struct {
+	// LiveTTL is the live store's TTL. Used with ClockSkew for the skip rule.
+	// Default 24h.
+	LiveTTL time.Duration
+	// MaxLiveTTL is the longest TTL any writer of the archive has used. The
+	// investigation query reads partitions up to the end of its window plus
+	// MaxLiveTTL. Default 7 days; at least LiveTTL.
+	MaxLiveTTL time.Duration
+	// ClockSkew is how far clocks that mint keys may run ahead. Default 5m.
+	ClockSkew time.Duration
+	// SkipMargin: see keytime.SkipRule. Default 2 × ClockSkew.
+	SkipMargin time.Duration
+	// MaxPageSize caps the investigation query's page. Default 1,000.
+	MaxPageSize int
+	// Now returns the current time. Default time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	c.LiveTTL = cmp.Or(c.LiveTTL, 24*time.Hour)
+	c.MaxLiveTTL = cmp.Or(c.MaxLiveTTL, max(7*24*time.Hour, c.LiveTTL))
+	c.MaxPageSize = cmp.Or(c.MaxPageSize, 1000)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	rule := c.SkipRule().WithDefaults()
+	c.ClockSkew, c.SkipMargin = rule.ClockSkew, rule.Margin
+	return c
+}
+
+// SkipRule returns the archive skip rule this configuration implies.
+func (c Config) SkipRule() keytime.SkipRule {
+	return keytime.SkipRule{LiveTTL: c.LiveTTL, Margin: c.SkipMargin, ClockSkew: c.ClockSkew}
+}
+
+// Validate reports an unusable configuration.
+func (c Config) Validate() error {
+	if err := c.SkipRule().Validate(); err != nil {
+		return err
+	}
+	if c.MaxLiveTTL < c.LiveTTL {
+		return errors.New("max live TTL must be at least the live TTL")
+	}
+	if c.MaxPageSize < 1 {
+		return errors.New("max page size must be positive")
+	}
+	return nil
+}
+
+// Record is one archived key.
+type Record struct {
+	ScopedKey string `json:"scoped_key"`
+	// Status is the original HTTP status, or InFlightStatus (0) when the key
+	// expired before its request completed.
+	Status     int       `json:"original_status"`
+	ResourceID *string   `json:"resource_id"`
+	CreatedAt  time.Time `json:"created_at"`
+	ExpiredAt  time.Time `json:"expired_at"`
+	// FingerprintMatch says whether the fingerprint passed to Lookup equals the
+	// archived one; nil when none was passed.
+	FingerprintMatch *bool `json:"fingerprint_match,omitempty"`
+}
+
+// InFlight reports whether the key expired before its request completed.
+func (r Record) InFlight() bool { return r.Status == InFlightStatus }
+
+// Reader reads the archive. It needs only SELECT on idempotency_key_archive.
+type Reader struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	rule    keytime.SkipRule
+	metrics *metrics.Emitter
+}
+
+// NewReader validates cfg (after defaults) and returns a Reader. emitter may be nil.
+func NewReader(pool *pgxpool.Pool, cfg Config, emitter *metrics.Emitter) (*Reader, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Reader{pool: pool, cfg: cfg, rule: cfg.SkipRule(), metrics: emitter}, nil
+}
+
+// NeedsLookup applies the skip rule to scopedKey at the current time.
+func (r *Reader) NeedsLookup(scopedKey string) bool {
+	return r.rule.NeedsLookup(scopedKey, r.cfg.Now())
+}
+
+// lookupSQL reads the newest archive row of a key. $3 is the earliest possible
+// expiry; -infinity when the key carries no timestamp.
+const lookupSQL = `
+SELECT status_code, resource_id, created_at, expired_at, fingerprint
+  FROM idempotency_key_archive
+ WHERE scoped_key = $1
+   AND expired_at >= $2
+ ORDER BY expired_at DESC
+ LIMIT 1`
+
+// Lookup returns the newest archive row for scopedKey, or ErrNotFound. When
+// fingerprint is not nil, the record says whether it matches the archived one.
+// It emits idempotency_archive_lookup_duration_ms.
+func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byte) (Record, error) {
+	rec := Record{ScopedKey: scopedKey}
+	if err := validateKey(scopedKey); err != nil {
+		return rec, err
+	}
+	start := time.Now()
+	var archived []byte
+	var status int16
+	err := r.pool.QueryRow(ctx, lookupSQL, scopedKey, r.earliestExpiry(scopedKey)).
+		Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived)
+	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return rec, ErrNotFound
+	}
+	if err != nil {
+		return rec, fmt.Errorf("archive lookup: %w", err)
+	}
+	rec.Status = int(status)
+	rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
+	if fingerprint != nil {
+		match := bytes.Equal(fingerprint, archived)
+		rec.FingerprintMatch = &match
+	}
+	return rec, nil
+}
+
+// earliestExpiry bounds expired_at from below for keys with a timestamp.
+// It deliberately does not add the TTL: TTLs change, minting times do not.
+func (r *Reader) earliestExpiry(scopedKey string) pgtype.Timestamptz {
+	if ts, ok := keytime.FromKey(scopedKey); ok {
+		return pgtype.Timestamptz{Time: ts.Add(-r.cfg.ClockSkew), Valid: true}
+	}
+	return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+}
+
+func validateKey(k string) error {
+	switch {
+	case k == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(k) > MaxScopedKeyBytes:
+		return fmt.Errorf("%w: longer than %d bytes", ErrInvalidKey, MaxScopedKeyBytes)
+	case !utf8.ValidString(k):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	return nil
+}
+
+// Query selects archived keys for an investigation.
+type Query struct {
+	// ScopePrefix selects keys that start with it, byte for byte ('%' and '_'
+	// are ordinary characters). Required.
+	ScopePrefix string
+	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound created_at.
+	CreatedFrom, CreatedTo time.Time
+	// Limit is the page size. Default 100, at most Config.MaxPageSize.
+	Limit int
+	// Cursor continues from a previous Page.NextCursor.
+	Cursor string
+}
+
+// Page is one page of an investigation query, in (scoped_key, expired_at) order.
+type Page struct {
+	Records []Record `json:"records"`
+	// NextCursor continues the query; empty on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// querySQL pages through a key range in primary-key order. expired_at is
+// bounded on both sides so that only the partitions the created_at window can
+// reach are read: created_at <= expired_at <= created_at + MaxLiveTTL.
+const querySQL = `
+SELECT scoped_key, status_code, resource_id, created_at, expired_at
+  FROM idempotency_key_archive
+ WHERE scoped_key >= $1 AND scoped_key < $2
+   AND starts_with(scoped_key, $3)
+   AND (scoped_key, expired_at) > ($4, $5)
+   AND created_at >= $6 AND created_at < $7
+   AND expired_at >= $6 AND expired_at <= $8
+ ORDER BY scoped_key, expired_at
+ LIMIT $9`
+
+type cursor struct {
+	Key       string    `json:"k"`
+	ExpiredAt time.Time `json:"e"`
+}
+
+// Investigate returns one page of archived keys under q.ScopePrefix created
+// within [q.CreatedFrom, q.CreatedTo).
+func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
+	page := Page{Records: []Record{}}
+	args, limit, err := r.queryArgs(q)
+	if err != nil {
+		return page, err
+	}
+	rows, err := r.pool.Query(ctx, querySQL, args...)
+	if err != nil {
+		return page, fmt.Errorf("archive investigation query: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var rec Record
+		var status int16
+		if err := rows.Scan(&rec.ScopedKey, &status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt); err != nil {
+			return page, fmt.Errorf("archive investigation query: %w", err)
+		}
+		rec.Status = int(status)
+		rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
+		page.Records = append(page.Records, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return page, fmt.Errorf("archive investigation query: %w", err)
+	}
+	// One row more than the page was read to learn whether another page exists.
+	if len(page.Records) > limit {
+		page.Records = page.Records[:limit]
+		last := page.Records[limit-1]
+		page.NextCursor = encodeCursor(cursor{Key: last.ScopedKey, ExpiredAt: last.ExpiredAt})
+	}
+	return page, nil
+}
+
+// queryArgs validates q and returns the arguments of querySQL and the page size.
+func (r *Reader) queryArgs(q Query) ([]any, int, error) {
+	if q.ScopePrefix == "" || !utf8.ValidString(q.ScopePrefix) || len(q.ScopePrefix) > MaxScopedKeyBytes {
+		return nil, 0, fmt.Errorf("%w: scope prefix must be non-empty UTF-8 of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
+	}
+	if q.CreatedFrom.IsZero() || q.CreatedTo.IsZero() || !q.CreatedFrom.Before(q.CreatedTo) {
+		return nil, 0, fmt.Errorf("%w: created_from must be before created_to", ErrInvalidQuery)
+	}
+	if q.Limit == 0 {
+		q.Limit = 100
+	}
+	if q.Limit < 1 || q.Limit > r.cfg.MaxPageSize {
+		return nil, 0, fmt.Errorf("%w: limit must be between 1 and %d", ErrInvalidQuery, r.cfg.MaxPageSize)
+	}
+	upper, ok := prefixUpperBound(q.ScopePrefix)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: a scope prefix made only of U+10FFFF has no upper bound", ErrInvalidQuery)
+	}
+	afterKey := q.ScopePrefix
+	afterExpiry := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	if q.Cursor != "" {
+		c, err := decodeCursor(q.Cursor)
+		if err != nil {
+			return nil, 0, err
+		}
+		afterKey, afterExpiry = c.Key, pgtype.Timestamptz{Time: c.ExpiredAt, Valid: true}
+	}
+	return []any{
+		q.ScopePrefix, upper, q.ScopePrefix, afterKey, afterExpiry,
+		q.CreatedFrom, q.CreatedTo, q.CreatedTo.Add(r.cfg.MaxLiveTTL), q.Limit + 1,
+	}, q.Limit, nil
+}
+
+func encodeCursor(c cursor) string {
+	b, _ := json.Marshal(c)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(s string) (cursor, error) {
+	var c cursor
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) > 4*MaxScopedKeyBytes {
+		return c, ErrInvalidCursor
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil || c.Key == "" || c.ExpiredAt.IsZero() || !utf8.ValidString(c.Key) {
+		return c, ErrInvalidCursor
+	}
+	return c, nil
+}
+
+// prefixUpperBound returns the smallest string greater than every string that
+// starts with p, in byte order (UTF-8 preserves code point order), or false
+// when there is none.
+func prefixUpperBound(p string) (string, bool) {
+	runes := []rune(p)
+	for i := len(runes) - 1; i >= 0; i-- {
+		switch r := runes[i]; {
+		case r == utf8.MaxRune:
+			continue
+		case r == 0xD7FF:
+			runes[i] = 0xE000 // skip the surrogate range
+		default:
+			runes[i] = r + 1
+		}
+		return string(runes[:i+1]), true
+	}
+	return "", false
+}

@@ -1,0 +1,241 @@
+package archive_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/schema"
+)
+
+var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+type bundle struct {
+	db     *dbtest.DB
+	reader *pgxpool.Pool // connected as idempotency_reader
+}
+
+// setup creates partitions for every month of 2026 and three ahead.
+func setup(t *testing.T) bundle {
+	t.Helper()
+	db := dbtest.New(t)
+	m, err := partition.NewManager(db.Pool, partition.Config{Now: func() time.Time { return now }}, nil)
+	require.NoError(t, err)
+	for mo := time.January; mo <= time.November; mo++ {
+		_, err := m.EnsureMonth(context.Background(), time.Date(2026, mo, 1, 0, 0, 0, 0, time.UTC))
+		require.NoError(t, err)
+	}
+	_, err = m.Run(context.Background(), false)
+	require.NoError(t, err)
+	return bundle{db: db, reader: db.NewPool(t, dbtest.AsRole(schema.ReaderRole))}
+}
+
+func newReader(t *testing.T, pool *pgxpool.Pool, emitter *metrics.Emitter) *archive.Reader {
+	t.Helper()
+	r, err := archive.NewReader(pool, archive.Config{Now: func() time.Time { return now }}, emitter)
+	require.NoError(t, err)
+	return r
+}
+
+func ptr(s string) *string { return &s }
+
+// ulid builds a ULID with timestamp ts (random part fixed).
+func ulid(ts time.Time) string {
+	const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+	ms := uint64(ts.UnixMilli())
+	var b strings.Builder
+	for i := 9; i >= 0; i-- {
+		b.WriteByte(crockford[(ms>>(5*uint(i)))&31])
+	}
+	return b.String() + "ABCDEFGHJKMNPQRS"
+}
+
+func TestLookupAsTheReaderRole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	created := now.Add(-30 * time.Hour)
+	dbtest.InsertArchive(t, b.db.Pool,
+		dbtest.ArchiveRow{Key: "idem:v1:probe", Status: 201, ResourceID: ptr("ch_probe"), CreatedAt: created, ExpiredAt: now.Add(-6 * time.Hour)},
+		// An older life of the same key: the newest one answers.
+		dbtest.ArchiveRow{Key: "idem:v1:probe", Status: 500, CreatedAt: now.AddDate(0, -3, 0), ExpiredAt: now.AddDate(0, -3, 1)},
+		dbtest.ArchiveRow{Key: "idem:v1:in-flight", Status: archive.InFlightStatus, ExpiredAt: now.Add(-time.Hour)},
+	)
+	var buf bytes.Buffer
+	r := newReader(t, b.reader, metrics.New(&buf, "Test"))
+	ctx := context.Background()
+
+	rec, err := r.Lookup(ctx, "idem:v1:probe", dbtest.Fingerprint("idem:v1:probe"))
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+	require.Equal(t, ptr("ch_probe"), rec.ResourceID)
+	require.Equal(t, created, rec.CreatedAt)
+	require.Equal(t, now.Add(-6*time.Hour), rec.ExpiredAt)
+	require.NotNil(t, rec.FingerprintMatch)
+	require.True(t, *rec.FingerprintMatch)
+	require.False(t, rec.InFlight())
+
+	rec, err = r.Lookup(ctx, "idem:v1:probe", []byte{0})
+	require.NoError(t, err)
+	require.False(t, *rec.FingerprintMatch)
+
+	rec, err = r.Lookup(ctx, "idem:v1:probe", nil)
+	require.NoError(t, err)
+	require.Nil(t, rec.FingerprintMatch)
+
+	rec, err = r.Lookup(ctx, "idem:v1:in-flight", nil)
+	require.NoError(t, err)
+	require.True(t, rec.InFlight())
+
+	_, err = r.Lookup(ctx, "idem:v1:never", nil)
+	require.ErrorIs(t, err, archive.ErrNotFound)
+	_, err = r.Lookup(ctx, "", nil)
+	require.ErrorIs(t, err, archive.ErrInvalidKey)
+	_, err = r.Lookup(ctx, strings.Repeat("k", archive.MaxScopedKeyBytes+1), nil)
+	require.ErrorIs(t, err, archive.ErrInvalidKey)
+	_, err = r.Lookup(ctx, "idem:v1:\xff", nil)
+	require.ErrorIs(t, err, archive.ErrInvalidKey)
+
+	// Every lookup that reached the database emitted its duration.
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 5)
+	var line map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &line))
+	require.Contains(t, line, metrics.ArchiveLookupDurationMs)
+}
+
+var scanOn = regexp.MustCompile(` on (idempotency_key_archive_\d{4}_\d{2})\b`)
+
+// explainPartitions returns the archive partitions a query's plan reads.
+func explainPartitions(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "EXPLAIN (COSTS OFF) "+sql, args...)
+	require.NoError(t, err)
+	defer rows.Close()
+	var touched []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		if m := scanOn.FindStringSubmatch(line); m != nil {
+			touched = append(touched, m[1])
+		}
+	}
+	require.NoError(t, rows.Err())
+	return touched
+}
+
+func TestLookupOfATimestampedKeyTouchesFewPartitions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := "idem:v1:" + ulid(time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC))
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)})
+	r := newReader(t, b.reader, nil)
+
+	rec, err := r.Lookup(ctx, key, nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+
+	// A ULID minted on 20 November cannot have expired before it (less the
+	// skew): only November onwards is read, not the eleven months before.
+	touched := explainPartitions(t, b.reader, archive.LookupSQL, key, archive.EarliestExpiry(r, key))
+	require.ElementsMatch(t, []string{
+		"idempotency_key_archive_2027_03", "idempotency_key_archive_2027_02", "idempotency_key_archive_2027_01",
+		"idempotency_key_archive_2026_12", "idempotency_key_archive_2026_11",
+	}, touched)
+
+	// A key without a timestamp searches them all.
+	touched = explainPartitions(t, b.reader, archive.LookupSQL, "idem:v1:probe", archive.EarliestExpiry(r, "idem:v1:probe"))
+	require.Len(t, touched, 15)
+}
+
+func TestNeedsLookupAppliesTheSkipRule(t *testing.T) {
+	t.Parallel()
+	r := newReader(t, nil, nil)
+	require.True(t, r.NeedsLookup("idem:v1:probe"))
+	require.False(t, r.NeedsLookup("idem:v1:"+ulid(now.Add(-time.Hour))))
+	require.True(t, r.NeedsLookup("idem:v1:"+ulid(now.Add(-30*time.Hour))))
+	require.True(t, r.NeedsLookup("idem:v1:"+ulid(now.Add(time.Hour))))
+}
+
+func TestInvestigate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	day := func(d int) time.Time { return time.Date(2026, 11, d, 10, 0, 0, 0, time.UTC) }
+	var rows []dbtest.ArchiveRow
+	for i := range 25 {
+		rows = append(rows, dbtest.ArchiveRow{Key: fmt.Sprintf("idem:v1:t=acme:%02d", i), Status: 201, ResourceID: ptr(fmt.Sprintf("ch_%d", i)), CreatedAt: day(10), ExpiredAt: day(11)})
+	}
+	rows = append(rows,
+		dbtest.ArchiveRow{Key: "idem:v1:t=acme:late", Status: 0, CreatedAt: day(12), ExpiredAt: day(13)},      // in flight
+		dbtest.ArchiveRow{Key: "idem:v1:t=acme:outside", Status: 201, CreatedAt: day(20), ExpiredAt: day(21)}, // after the window
+		dbtest.ArchiveRow{Key: "idem:v1:t=acmeco:00", Status: 201, CreatedAt: day(10), ExpiredAt: day(11)},    // another tenant
+		dbtest.ArchiveRow{Key: "idem:v1:t=a%:00", Status: 201, CreatedAt: day(10), ExpiredAt: day(11)},        // LIKE metacharacters
+		dbtest.ArchiveRow{Key: "idem:v1:t=ab:00", Status: 201, CreatedAt: day(10), ExpiredAt: day(11)},
+	)
+	dbtest.InsertArchive(t, b.db.Pool, rows...)
+	r := newReader(t, b.reader, nil)
+
+	// Paging through the window returns each matching key exactly once.
+	q := archive.Query{ScopePrefix: "idem:v1:t=acme:", CreatedFrom: day(9), CreatedTo: day(15), Limit: 10}
+	var got []string
+	pages := 0
+	for {
+		page, err := r.Investigate(ctx, q)
+		require.NoError(t, err)
+		pages++
+		for _, rec := range page.Records {
+			got = append(got, rec.ScopedKey)
+		}
+		if page.NextCursor == "" {
+			break
+		}
+		q.Cursor = page.NextCursor
+	}
+	require.Equal(t, 3, pages)
+	require.Len(t, got, 26)
+	require.Equal(t, "idem:v1:t=acme:00", got[0])
+	require.Equal(t, "idem:v1:t=acme:late", got[25])
+
+	// A prefix is a prefix: '%' and '_' match only themselves.
+	page, err := r.Investigate(ctx, archive.Query{ScopePrefix: "idem:v1:t=a%", CreatedFrom: day(1), CreatedTo: day(30)})
+	require.NoError(t, err)
+	require.Len(t, page.Records, 1)
+	require.Equal(t, "idem:v1:t=a%:00", page.Records[0].ScopedKey)
+	page, err = r.Investigate(ctx, archive.Query{ScopePrefix: "idem:v1:t=a_", CreatedFrom: day(1), CreatedTo: day(30)})
+	require.NoError(t, err)
+	require.Empty(t, page.Records)
+
+	// The plan reads only the partitions the window can reach: November (and
+	// December, for keys created late in the window with a long TTL).
+	touched := explainPartitions(t, b.reader, archive.QuerySQL, archive.QueryArgs(r, archive.Query{ScopePrefix: "idem:v1:", CreatedFrom: day(9), CreatedTo: day(15), Limit: 10})...)
+	require.ElementsMatch(t, []string{"idempotency_key_archive_2026_11"}, touched)
+
+	// Bad input is an error of its own kind, never a database error.
+	for _, bad := range []archive.Query{
+		{ScopePrefix: "", CreatedFrom: day(1), CreatedTo: day(2)},
+		{ScopePrefix: "idem:", CreatedFrom: day(2), CreatedTo: day(1)},
+		{ScopePrefix: "idem:", CreatedTo: day(1)},
+		{ScopePrefix: "idem:", CreatedFrom: day(1), CreatedTo: day(2), Limit: 100000},
+		{ScopePrefix: "\U0010FFFF", CreatedFrom: day(1), CreatedTo: day(2)},
+	} {
+		_, err := r.Investigate(ctx, bad)
+		require.ErrorIs(t, err, archive.ErrInvalidQuery, "%+v", bad)
+	}
+	for _, cur := range []string{"!!", "e30", "eyJrIjoiIn0"} {
+		_, err := r.Investigate(ctx, archive.Query{ScopePrefix: "idem:", CreatedFrom: day(1), CreatedTo: day(2), Cursor: cur})
+		require.ErrorIs(t, err, archive.ErrInvalidCursor, cur)
+	}
+}

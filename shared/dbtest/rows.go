@@ -1,0 +1,92 @@
+package dbtest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// LiveRow is a row of idempotency_keys for tests.
+type LiveRow struct {
+	Key       string
+	Status    int // 0 leaves the key in flight
+	Response  any // stored as jsonb; nil for none
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
+// Fingerprint is the fingerprint tests store for key: SHA-256 of the key.
+func Fingerprint(key string) []byte {
+	sum := sha256.Sum256([]byte(key))
+	return sum[:]
+}
+
+// InsertLive inserts rows into idempotency_keys.
+func InsertLive(t testing.TB, pool *pgxpool.Pool, rows ...LiveRow) {
+	t.Helper()
+	for _, r := range rows {
+		state := "in_flight"
+		var status *int
+		if r.Status != 0 {
+			state, status = "completed", &r.Status
+		}
+		var response []byte
+		if r.Response != nil {
+			var err error
+			if response, err = json.Marshal(r.Response); err != nil {
+				t.Fatalf("marshal response: %v", err)
+			}
+		}
+		if r.CreatedAt.IsZero() {
+			r.CreatedAt = r.ExpiresAt.Add(-24 * time.Hour)
+		}
+		_, err := pool.Exec(context.Background(), `
+			INSERT INTO idempotency_keys (scoped_key, fingerprint, state, status_code, response, created_at, expires_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			r.Key, Fingerprint(r.Key), state, status, response, r.CreatedAt, r.ExpiresAt)
+		if err != nil {
+			t.Fatalf("insert live row %q: %v", r.Key, err)
+		}
+	}
+}
+
+// ArchiveRow is a row of idempotency_key_archive for tests.
+type ArchiveRow struct {
+	Key        string
+	Status     int
+	ResourceID *string
+	CreatedAt  time.Time
+	ExpiredAt  time.Time
+}
+
+// InsertArchive inserts rows into idempotency_key_archive (whose partitions
+// must exist).
+func InsertArchive(t testing.TB, pool *pgxpool.Pool, rows ...ArchiveRow) {
+	t.Helper()
+	for _, r := range rows {
+		if r.CreatedAt.IsZero() {
+			r.CreatedAt = r.ExpiredAt.Add(-24 * time.Hour)
+		}
+		_, err := pool.Exec(context.Background(), `
+			INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+			VALUES ($1, $2, $3, $4, $5, $6)`,
+			r.Key, Fingerprint(r.Key), r.Status, r.ResourceID, r.CreatedAt, r.ExpiredAt)
+		if err != nil {
+			t.Fatalf("insert archive row %q: %v", r.Key, err)
+		}
+	}
+}
+
+// Count runs a count(*) query and returns the figure.
+func Count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}

@@ -1,0 +1,139 @@
+// Package metrics writes CloudWatch metrics in the Embedded Metric Format (EMF):
+// one JSON object per line, which CloudWatch Logs turns into metrics when the
+// line reaches a Lambda function's log stream. No metrics API is called, so
+// emitting costs a write to a buffer and never a network round trip.
+//
+// The names of the runbook's observability checklist are defined here once;
+// the CDK stack reads Checklist to build its alarms.
+//
+//	m := metrics.New(os.Stdout, "IdempotencyArchive")
+//	m.Emit(metrics.Count(metrics.ArchivedTotal, 1200), metrics.Count(metrics.ExpiredBacklog, 0))
+//
+// A nil *Emitter is valid and discards everything.
+package metrics
+
+import (
+	"encoding/json"
+	"io"
+	"sync"
+	"time"
+)
+
+// The six metric names of the runbook's checklist, verbatim.
+const (
+	ExpiredBacklog             = "idempotency_expired_backlog"
+	ArchivedTotal              = "idempotency_archived_total"
+	ArchiveNewestPartitionDays = "idempotency_archive_newest_partition_days"
+	ExpiredReplayTotal         = "idempotency_expired_replay_total"
+	ArchiveLookupDurationMs    = "idempotency_archive_lookup_duration_ms"
+	ArchiveBytes               = "idempotency_archive_bytes"
+)
+
+// ArchiveRows is emitted beside ArchiveBytes so that bytes per row can be
+// alarmed on with metric math (the runbook models about 110 bytes per row).
+const ArchiveRows = "idempotency_archive_rows"
+
+// DefaultNamespace is the CloudWatch namespace used when none is configured.
+const DefaultNamespace = "IdempotencyArchive"
+
+// Unit is a CloudWatch metric unit.
+type Unit string
+
+// Units used by this project.
+const (
+	UnitCount        Unit = "Count"
+	UnitMilliseconds Unit = "Milliseconds"
+	UnitBytes        Unit = "Bytes"
+	UnitNone         Unit = "None"
+)
+
+// Definition describes one metric of the checklist: what it is and when the
+// runbook says to alarm on it.
+type Definition struct {
+	Name        string
+	Unit        Unit
+	Description string
+}
+
+// Checklist lists the runbook's observability checklist, in its order.
+var Checklist = []Definition{
+	{ExpiredBacklog, UnitCount, "Live rows past expiry. Alert above 100,000: the leading indicator of vacuum trouble."},
+	{ArchivedTotal, UnitCount, "Rows moved per sweep. A flat line while the backlog grows means the sweeper is wedged."},
+	{ArchiveNewestPartitionDays, UnitNone, "Days until the newest partition's upper bound. Page below 30."},
+	{ExpiredReplayTotal, UnitCount, "409 idempotency_key_expired responses: clients retrying past the window."},
+	{ArchiveLookupDurationMs, UnitMilliseconds, "Archive point lookup latency. Alert if p99 exceeds 5 ms."},
+	{ArchiveBytes, UnitBytes, "Total archive size. Growth well above 110 bytes per row means a column crept in."},
+}
+
+// Value is one metric value in an EMF line.
+type Value struct {
+	Name  string
+	Unit  Unit
+	Value float64
+}
+
+// Count returns a Value with unit Count.
+func Count(name string, v int64) Value { return Value{Name: name, Unit: UnitCount, Value: float64(v)} }
+
+// Milliseconds returns a Value with unit Milliseconds for the duration d.
+func Milliseconds(name string, d time.Duration) Value {
+	return Value{Name: name, Unit: UnitMilliseconds, Value: float64(d.Microseconds()) / 1000}
+}
+
+// Emitter writes EMF lines to a writer. It is safe for concurrent use.
+type Emitter struct {
+	mu        sync.Mutex
+	w         io.Writer
+	namespace string
+	now       func() time.Time
+}
+
+// New returns an Emitter writing to w under the namespace (DefaultNamespace
+// when empty). In Lambda, w is os.Stdout; a CLI passes io.Discard or stderr to
+// keep its stdout for its own output.
+func New(w io.Writer, namespace string) *Emitter {
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	return &Emitter{w: w, namespace: namespace, now: time.Now}
+}
+
+type emfMetric struct {
+	Name string `json:"Name"`
+	Unit Unit   `json:"Unit,omitempty"`
+}
+
+type emfDirective struct {
+	Namespace  string      `json:"Namespace"`
+	Dimensions [][]string  `json:"Dimensions"`
+	Metrics    []emfMetric `json:"Metrics"`
+}
+
+type emfMeta struct {
+	Timestamp         int64          `json:"Timestamp"`
+	CloudWatchMetrics []emfDirective `json:"CloudWatchMetrics"`
+}
+
+// Emit writes the values as one EMF line. The metrics carry no dimensions, so
+// an alarm addresses them by namespace and name alone. Write errors are
+// dropped: losing a metric line must never fail the work it describes.
+func (e *Emitter) Emit(values ...Value) {
+	if e == nil || len(values) == 0 {
+		return
+	}
+	doc := make(map[string]any, len(values)+1)
+	directive := emfDirective{Namespace: e.namespace, Dimensions: [][]string{{}}}
+	for _, v := range values {
+		directive.Metrics = append(directive.Metrics, emfMetric{Name: v.Name, Unit: v.Unit})
+		doc[v.Name] = v.Value
+	}
+	doc["_aws"] = emfMeta{Timestamp: e.now().UnixMilli(), CloudWatchMetrics: []emfDirective{directive}}
+	line, err := json.Marshal(doc)
+	if err != nil {
+		return
+	}
+	line = append(line, '\n')
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, _ = e.w.Write(line)
+}

@@ -1,0 +1,87 @@
+package metrics
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestEmitWritesOneEMFLine(t *testing.T) {
+	var buf bytes.Buffer
+	e := New(&buf, "")
+	e.now = func() time.Time { return time.UnixMilli(1764669600000) }
+	e.Emit(Count(ArchivedTotal, 12), Milliseconds(ArchiveLookupDurationMs, 1500*time.Microsecond))
+
+	if strings.Count(buf.String(), "\n") != 1 || !strings.HasSuffix(buf.String(), "\n") {
+		t.Fatalf("want exactly one line, got %q", buf.String())
+	}
+	var doc struct {
+		AWS struct {
+			Timestamp         int64
+			CloudWatchMetrics []struct {
+				Namespace  string
+				Dimensions [][]string
+				Metrics    []struct{ Name, Unit string }
+			}
+		} `json:"_aws"`
+		Archived float64 `json:"idempotency_archived_total"`
+		Lookup   float64 `json:"idempotency_archive_lookup_duration_ms"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	d := doc.AWS.CloudWatchMetrics[0]
+	if doc.AWS.Timestamp != 1764669600000 || d.Namespace != DefaultNamespace || len(d.Dimensions) != 1 || len(d.Dimensions[0]) != 0 {
+		t.Fatalf("bad metadata: %+v", doc.AWS)
+	}
+	if len(d.Metrics) != 2 || d.Metrics[0].Name != ArchivedTotal || d.Metrics[0].Unit != "Count" || d.Metrics[1].Unit != "Milliseconds" {
+		t.Fatalf("bad metric definitions: %+v", d.Metrics)
+	}
+	if doc.Archived != 12 || doc.Lookup != 1.5 {
+		t.Fatalf("bad values: %+v", doc)
+	}
+}
+
+func TestNilEmitterAndNoValuesWriteNothing(t *testing.T) {
+	var e *Emitter
+	e.Emit(Count(ArchivedTotal, 1)) // must not panic
+	var buf bytes.Buffer
+	New(&buf, "x").Emit()
+	if buf.Len() != 0 {
+		t.Fatalf("wrote %q", buf.String())
+	}
+}
+
+func TestConcurrentEmitsNeverInterleave(t *testing.T) {
+	var buf bytes.Buffer
+	e := New(&buf, "x")
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() { defer wg.Done(); e.Emit(Count(ExpiredReplayTotal, 1)) }()
+	}
+	wg.Wait()
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Fatalf("invalid line %q", line)
+		}
+	}
+}
+
+func TestChecklistHasTheRunbooksSixNames(t *testing.T) {
+	want := []string{
+		"idempotency_expired_backlog", "idempotency_archived_total", "idempotency_archive_newest_partition_days",
+		"idempotency_expired_replay_total", "idempotency_archive_lookup_duration_ms", "idempotency_archive_bytes",
+	}
+	if len(Checklist) != len(want) {
+		t.Fatalf("checklist has %d entries", len(Checklist))
+	}
+	for i, d := range Checklist {
+		if d.Name != want[i] {
+			t.Errorf("checklist[%d] = %q, want %q", i, d.Name, want[i])
+		}
+	}
+}

@@ -1,0 +1,52 @@
+-- Least-privilege group roles (NOLOGIN). Grant them to login roles:
+--   GRANT idempotency_sweeper TO sweeper_login;
+--   GRANT idempotency_reader  TO lookup_login;
+--   GRANT idempotency_owner   TO ddl_login;      -- migrations and partitions
+-- Safe to re-run: every statement is idempotent. Runs in the current schema.
+DO $roles$
+DECLARE
+    role_name text;
+    part_name text;
+BEGIN
+    FOREACH role_name IN ARRAY ARRAY['idempotency_owner', 'idempotency_sweeper', 'idempotency_reader'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role_name) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL; -- created concurrently by another migrator
+            END;
+        END IF;
+    END LOOP;
+
+    -- The owner runs DDL (partitions). The migrating user becomes a member so it
+    -- keeps the right to attach, detach and drop partitions.
+    IF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER') THEN
+        EXECUTE format('GRANT idempotency_owner TO %I', current_user);
+    END IF;
+    EXECUTE format('ALTER TABLE %I.idempotency_keys OWNER TO idempotency_owner', current_schema());
+    EXECUTE format('ALTER TABLE %I.idempotency_key_archive OWNER TO idempotency_owner', current_schema());
+    -- ALTER TABLE ... OWNER does not cascade to partitions that already exist.
+    FOR part_name IN
+        SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = format('%I.idempotency_key_archive', current_schema())::regclass
+    LOOP
+        EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', current_schema(), part_name);
+    END LOOP;
+
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_sweeper, idempotency_reader', current_schema());
+
+    -- The sweeper reads and deletes live rows and inserts archive rows. PostgreSQL
+    -- requires UPDATE on at least one column for SELECT ... FOR UPDATE SKIP LOCKED,
+    -- so it gets UPDATE on the single column expires_at; it never issues UPDATE.
+    EXECUTE format('REVOKE ALL ON TABLE %I.idempotency_keys, %I.idempotency_key_archive FROM idempotency_sweeper, idempotency_reader',
+                   current_schema(), current_schema());
+    EXECUTE format('GRANT SELECT, DELETE ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
+    EXECUTE format('GRANT UPDATE (expires_at) ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
+    EXECUTE format('GRANT INSERT ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
+    -- INSERT ... ON CONFLICT needs SELECT on the conflict target's columns.
+    EXECUTE format('GRANT SELECT (scoped_key, expired_at) ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
+
+    -- Lookups only read the archive.
+    EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_key_archive TO idempotency_reader', current_schema());
+END
+$roles$;

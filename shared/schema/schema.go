@@ -1,0 +1,128 @@
+// Package schema owns the database schema of the idempotency archive: the live
+// table idempotency_keys, the partitioned archive idempotency_key_archive and the
+// least-privilege roles that use them.
+//
+// Migrations are numbered SQL files embedded in the binary and applied with
+// tern's migrate package, which holds a PostgreSQL advisory lock while it runs,
+// so several deployers may call Migrate at once:
+//
+//	err := schema.Migrate(ctx, conn, logger)
+//
+// Migrations apply to the first schema on the connection's search_path (public
+// unless the connection string sets search_path). Partitions are not created
+// here: they depend on the current date and are the partition manager's job
+// (package partition), which should run right after Migrate.
+package schema
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/tern/v2/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+//go:embed roles.sql
+var rolesSQL string
+
+// VersionTable is the table, in the migrated schema, where tern records the
+// applied migration version.
+const VersionTable = "idempotency_archive_schema_version"
+
+// Roles created by Migrate where the connecting user may create roles.
+const (
+	OwnerRole   = "idempotency_owner"   // runs DDL: migrations, partitions
+	SweeperRole = "idempotency_sweeper" // reads and deletes live rows, inserts archive rows
+	ReaderRole  = "idempotency_reader"  // reads the archive (lookups, investigations)
+)
+
+// Result reports what Migrate did.
+type Result struct {
+	FromVersion  int32 `json:"from_version"`
+	ToVersion    int32 `json:"to_version"`
+	RolesCreated bool  `json:"roles_created"`
+}
+
+// Migrate applies every pending migration and then (re)applies the role grants.
+// It is safe to call repeatedly and concurrently.
+func Migrate(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) (Result, error) {
+	var res Result
+	schemaName, err := currentSchema(ctx, conn)
+	if err != nil {
+		return res, err
+	}
+	versionTable := pgx.Identifier{schemaName, VersionTable}.Sanitize()
+
+	m, err := migrate.NewMigrator(ctx, conn, versionTable)
+	if err != nil {
+		return res, fmt.Errorf("prepare migrator: %w", err)
+	}
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return res, fmt.Errorf("open embedded migrations: %w", err)
+	}
+	if err := m.LoadMigrations(sub); err != nil {
+		return res, fmt.Errorf("load embedded migrations: %w", err)
+	}
+	if res.FromVersion, err = m.GetCurrentVersion(ctx); err != nil {
+		return res, fmt.Errorf("read schema version: %w", err)
+	}
+	m.OnStart = func(seq int32, name, _, _ string) {
+		logger.InfoContext(ctx, "applying migration", "version", seq, "name", name, "schema", schemaName)
+	}
+	if err := m.Migrate(ctx); err != nil {
+		return res, fmt.Errorf("apply migrations: %w", err)
+	}
+	if res.ToVersion, err = m.GetCurrentVersion(ctx); err != nil {
+		return res, fmt.Errorf("read schema version: %w", err)
+	}
+
+	res.RolesCreated, err = ensureRoles(ctx, conn, logger)
+	return res, err
+}
+
+func currentSchema(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var name *string
+	if err := conn.QueryRow(ctx, "SELECT current_schema()").Scan(&name); err != nil {
+		return "", fmt.Errorf("read current schema: %w", err)
+	}
+	if name == nil {
+		return "", fmt.Errorf("no schema on the search_path exists: create it or fix search_path")
+	}
+	return *name, nil
+}
+
+// ensureRoles creates the least-privilege roles and their grants when the
+// connecting user may create roles, and logs why it skipped them otherwise.
+func ensureRoles(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) (bool, error) {
+	var mayCreate bool
+	err := conn.QueryRow(ctx,
+		"SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user").Scan(&mayCreate)
+	if err != nil {
+		return false, fmt.Errorf("check role privileges: %w", err)
+	}
+	if !mayCreate {
+		logger.WarnContext(ctx, "skipping least-privilege roles: the connecting user may not create roles",
+			"roles", []string{OwnerRole, SweeperRole, ReaderRole})
+		return false, nil
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// Role DDL is cluster-wide and races between concurrent migrators
+		// ("tuple concurrently updated"), so serialize it.
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('idempotency_archive roles', 0))"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, rolesSQL)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("create roles and grants: %w", err)
+	}
+	return true, nil
+}

@@ -1,0 +1,153 @@
+// Package settings reads the environment variables shared by the operator CLI
+// and the Lambda functions into each component's Config, and validates them
+// once, at start, with messages that name the variable at fault.
+//
+//	s, err := settings.FromEnv(os.Getenv)
+//
+// Variables lists every variable with its default; the README's configuration
+// table is the same list.
+package settings
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/database"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/sweep"
+)
+
+// Settings holds one validated Config per component.
+type Settings struct {
+	Database         database.Config
+	MetricsNamespace string
+	Sweep            sweep.Config
+	Partitions       partition.Config
+	Archive          archive.Config
+}
+
+// Variable documents one environment variable.
+type Variable struct {
+	Name    string
+	Default string
+	Doc     string
+}
+
+// Variables lists every variable FromEnv reads.
+var Variables = []Variable{
+	{"DATABASE_URL", "(required)", "PostgreSQL connection string; add search_path=... to use a schema other than public"},
+	{"DATABASE_MAX_CONNS", "4", "connection pool size"},
+	{"DATABASE_EXEC_MODE", "cache_statement", "statement execution mode: cache_statement, cache_describe, describe_exec, exec, simple_protocol (exec or simple_protocol behind RDS Proxy)"},
+	{"METRICS_NAMESPACE", metrics.DefaultNamespace, "CloudWatch namespace of the EMF metrics"},
+	{"LIVE_TTL", "24h", "how long the live store keeps a key"},
+	{"MAX_LIVE_TTL", "168h", "longest TTL any writer has used; bounds the partitions an investigation reads"},
+	{"CLOCK_SKEW", "5m", "how far ahead the clocks that mint ULID/UUIDv7 keys may run"},
+	{"SKIP_MARGIN", "2 x CLOCK_SKEW", "margin of the archive skip rule; at least CLOCK_SKEW, below LIVE_TTL"},
+	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
+	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%)"},
+	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch"},
+	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch"},
+	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s", "no batch starts when the invocation deadline is closer than this"},
+	{"SWEEP_RESOURCE_ID_PATH", "id", "dotted JSON path of the resource id in the stored response"},
+	{"SWEEP_MISSING_PARTITION", "create", "create: make a missing month's partition and retry; fail: stop with an error naming the month"},
+	{"PARTITION_LEAD_MONTHS", "3", "months ahead of the current one that must have partitions (at least 2)"},
+	{"PARTITION_RETENTION_MONTHS", "0", "whole months kept before the current one; 0 keeps the archive forever"},
+	{"PARTITION_LOCK_TIMEOUT", "5s", "lock_timeout of partition DDL"},
+	{"PARTITION_STATEMENT_TIMEOUT", "2m", "statement_timeout of partition DDL"},
+}
+
+// FromEnv reads and validates the settings. getenv is os.Getenv outside tests.
+func FromEnv(getenv func(string) string) (Settings, error) {
+	r := reader{getenv: getenv}
+	s := Settings{
+		Database: database.Config{
+			URL:      getenv("DATABASE_URL"),
+			MaxConns: int32(r.int("DATABASE_MAX_CONNS")),
+			ExecMode: getenv("DATABASE_EXEC_MODE"),
+		},
+		MetricsNamespace: getenv("METRICS_NAMESPACE"),
+		Sweep: sweep.Config{
+			BatchSize:        r.int("SWEEP_BATCH_SIZE"),
+			Pause:            r.duration("SWEEP_PAUSE"),
+			LockTimeout:      r.duration("SWEEP_LOCK_TIMEOUT"),
+			StatementTimeout: r.duration("SWEEP_STATEMENT_TIMEOUT"),
+			DeadlineMargin:   r.duration("SWEEP_DEADLINE_MARGIN"),
+			ResourceIDPath:   getenv("SWEEP_RESOURCE_ID_PATH"),
+		},
+		Partitions: partition.Config{
+			LeadMonths:       r.int("PARTITION_LEAD_MONTHS"),
+			RetentionMonths:  r.int("PARTITION_RETENTION_MONTHS"),
+			LockTimeout:      r.duration("PARTITION_LOCK_TIMEOUT"),
+			StatementTimeout: r.duration("PARTITION_STATEMENT_TIMEOUT"),
+		},
+		Archive: archive.Config{
+			LiveTTL:    r.duration("LIVE_TTL"),
+			MaxLiveTTL: r.duration("MAX_LIVE_TTL"),
+			ClockSkew:  r.duration("CLOCK_SKEW"),
+			SkipMargin: r.duration("SKIP_MARGIN"),
+		},
+	}
+	switch mode := strings.ToLower(getenv("SWEEP_MISSING_PARTITION")); mode {
+	case "", "create":
+	case "fail":
+		s.Sweep.FailOnMissingPartition = true
+	default:
+		r.fail("SWEEP_MISSING_PARTITION", fmt.Errorf("want create or fail, got %q", mode))
+	}
+	if r.err != nil {
+		return s, r.err
+	}
+	if _, err := s.Database.PoolConfig(); err != nil {
+		return s, err
+	}
+	if err := s.Sweep.WithDefaults().Validate(); err != nil {
+		return s, fmt.Errorf("SWEEP_*: %w", err)
+	}
+	if err := s.Partitions.WithDefaults().Validate(); err != nil {
+		return s, fmt.Errorf("PARTITION_*: %w", err)
+	}
+	if err := s.Archive.WithDefaults().Validate(); err != nil {
+		return s, fmt.Errorf("LIVE_TTL/CLOCK_SKEW/SKIP_MARGIN: %w", err)
+	}
+	return s, nil
+}
+
+type reader struct {
+	getenv func(string) string
+	err    error
+}
+
+func (r *reader) fail(name string, err error) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%s: %w", name, err)
+	}
+}
+
+func (r *reader) int(name string) int {
+	v := r.getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		r.fail(name, errors.New("not a whole number: "+strconv.Quote(v)))
+	}
+	return n
+}
+
+func (r *reader) duration(name string) time.Duration {
+	v := r.getenv(name)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		r.fail(name, errors.New("not a duration such as 200ms, 30s or 24h: "+strconv.Quote(v)))
+	}
+	return d
+}

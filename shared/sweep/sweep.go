@@ -1,0 +1,393 @@
+// Package sweep moves expired rows from the live table idempotency_keys into
+// the archive idempotency_key_archive, in bounded batches.
+//
+// Each batch is one statement in its own transaction, with its own
+// lock_timeout and statement_timeout, so a lock is never held for long and a
+// timeout or crash never leaves a half-moved batch. Rows are claimed with FOR
+// UPDATE SKIP LOCKED: any number of sweepers can run at once without blocking
+// each other or moving a row twice. Between batches the sweeper pauses (with
+// jitter) to yield to request traffic, and it stops when a batch comes back
+// short (drained), when MaxDuration has passed, or when the context deadline
+// is closer than DeadlineMargin, reporting how far it got.
+//
+// What an archive row records: the status code of a completed key, or 0 for a
+// key that expired while still in flight (its request never completed); and the
+// resource id read from the stored response at ResourceIDPath, NULL when it is
+// missing or not a string.
+//
+//	s, err := sweep.New(pool, sweep.Config{}, partitions, emitter)
+//	res, err := s.Run(ctx)
+package sweep
+
+import (
+	"cmp"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemarchive/idemarchive/shared/database"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/partition"
+)
+
+//go:embed batch.sql
+var batchSQL string
+
+// backlogSQL counts expired live rows through the expires_at index, up to a cap
+// so that a huge backlog costs a bounded scan.
+const backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE expires_at < now() LIMIT $1) s`
+
+// batchMonthsSQL lists the UTC months of the rows the next batch would take.
+const batchMonthsSQL = `
+SELECT DISTINCT date_trunc('month', expires_at AT TIME ZONE 'UTC')
+  FROM (SELECT expires_at FROM idempotency_keys WHERE expires_at < now() ORDER BY expires_at LIMIT $1) s`
+
+// Limits on BatchSize.
+const (
+	MinBatchSize = 1
+	MaxBatchSize = 50_000
+)
+
+// Config configures a Sweeper.
+type Config struct {
+	// BatchSize is the most rows one batch moves. Default 10,000; 1 to 50,000.
+	BatchSize int
+	// Pause is the wait between batches, jittered by ±25%. Default 200ms.
+	// Negative means no pause.
+	Pause time.Duration
+	// LockTimeout bounds each wait for a lock inside a batch. Default 2s.
+	LockTimeout time.Duration
+	// StatementTimeout bounds each batch statement. Default 30s.
+	StatementTimeout time.Duration
+	// DeadlineMargin: no batch starts when the context deadline is closer than
+	// this. Default StatementTimeout + 5s, so a batch always has time to finish.
+	DeadlineMargin time.Duration
+	// MaxDuration: no batch after the first starts once this much time has
+	// passed. 0 (default) means no limit.
+	MaxDuration time.Duration
+	// ResourceIDPath is the dotted JSON path of the resource id inside the
+	// stored response. Default "id" (the top-level "id").
+	ResourceIDPath string
+	// FailOnMissingPartition makes a batch whose rows fall in a month without a
+	// partition stop with a *MissingPartitionError instead of creating the
+	// partition. The rows stay in the live table either way until archived.
+	FailOnMissingPartition bool
+	// BacklogCap caps the backlog count. Default 10,000,000.
+	BacklogCap int64
+	// OnBatch, when set, is called after every batch with the running totals.
+	OnBatch func(Progress)
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	c.BatchSize = cmp.Or(c.BatchSize, 10_000)
+	c.Pause = cmp.Or(c.Pause, 200*time.Millisecond)
+	c.LockTimeout = cmp.Or(c.LockTimeout, 2*time.Second)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
+	c.DeadlineMargin = cmp.Or(c.DeadlineMargin, c.StatementTimeout+5*time.Second)
+	c.ResourceIDPath = cmp.Or(c.ResourceIDPath, "id")
+	c.BacklogCap = cmp.Or(c.BacklogCap, 10_000_000)
+	return c
+}
+
+// Validate reports a configuration the sweeper cannot run with.
+func (c Config) Validate() error {
+	switch {
+	case c.BatchSize < MinBatchSize || c.BatchSize > MaxBatchSize:
+		return fmt.Errorf("sweep batch size must be between %d and %d, got %d", MinBatchSize, MaxBatchSize, c.BatchSize)
+	case c.LockTimeout <= 0 || c.StatementTimeout <= 0:
+		return errors.New("sweep lock and statement timeouts must be positive")
+	case c.DeadlineMargin < 0 || c.MaxDuration < 0:
+		return errors.New("sweep deadline margin and max duration must not be negative")
+	case c.BacklogCap < 1:
+		return errors.New("sweep backlog cap must be positive")
+	}
+	if slices.Contains(strings.Split(c.ResourceIDPath, "."), "") {
+		return fmt.Errorf("resource id path %q has an empty segment", c.ResourceIDPath)
+	}
+	return nil
+}
+
+// Progress is reported after each batch.
+type Progress struct {
+	Batches  int
+	Moved    int64
+	Archived int64
+	Elapsed  time.Duration
+}
+
+// Stop reasons reported in Result.Stopped.
+const (
+	StoppedDrained     = "drained"
+	StoppedDeadline    = "deadline"
+	StoppedMaxDuration = "max_duration"
+	StoppedCanceled    = "canceled"
+)
+
+// Result reports a sweep run.
+type Result struct {
+	// Moved is the number of expired rows removed from the live table.
+	Moved int64 `json:"moved"`
+	// Archived is the number of archive rows written. Moved - Archived rows
+	// already had their archive row (written at completion by a Redis live
+	// store, or by an earlier run).
+	Archived int64 `json:"archived"`
+	Batches  int   `json:"batches"`
+	Drained  bool  `json:"drained"`
+	// Stopped says why the run ended: drained, deadline, max_duration, canceled.
+	Stopped string `json:"stopped"`
+	// Backlog is the number of expired rows still live after the run, capped at
+	// Config.BacklogCap; -1 when it could not be counted.
+	Backlog           int64    `json:"backlog"`
+	PartitionsCreated []string `json:"partitions_created"`
+	DurationMS        int64    `json:"duration_ms"`
+}
+
+// MissingPartitionError reports expired rows whose month has no archive
+// partition. The rows are still in the live table.
+type MissingPartitionError struct {
+	Months []time.Time
+	Err    error // why the partition could not be created, if creation was tried
+}
+
+func (e *MissingPartitionError) Error() string {
+	names := make([]string, len(e.Months))
+	for i, m := range e.Months {
+		names[i] = m.Format("2006-01")
+	}
+	msg := fmt.Sprintf("archive has no partition for %s; the expired rows stay in the live table: run `archivectl partitions` as the archive owner",
+		strings.Join(names, ", "))
+	if e.Err != nil {
+		msg += ": creating it failed: " + e.Err.Error()
+	}
+	return msg
+}
+
+func (e *MissingPartitionError) Unwrap() error { return e.Err }
+
+// PartitionEnsurer creates the partition for a month; *partition.Manager is one.
+type PartitionEnsurer interface {
+	EnsureMonth(ctx context.Context, t time.Time) ([]string, error)
+}
+
+var _ PartitionEnsurer = (*partition.Manager)(nil)
+
+// Sweeper moves expired rows into the archive.
+type Sweeper struct {
+	pool       *pgxpool.Pool
+	cfg        Config
+	path       []string
+	partitions PartitionEnsurer
+	metrics    *metrics.Emitter
+	sleep      func(context.Context, time.Duration) error
+}
+
+// New validates cfg (after defaults) and returns a Sweeper. partitions may be
+// nil, in which case a missing partition is always an error; emitter may be nil.
+func New(pool *pgxpool.Pool, cfg Config, partitions PartitionEnsurer, emitter *metrics.Emitter) (*Sweeper, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Sweeper{
+		pool:       pool,
+		cfg:        cfg,
+		path:       strings.Split(cfg.ResourceIDPath, "."),
+		partitions: partitions,
+		metrics:    emitter,
+		sleep:      sleepCtx,
+	}, nil
+}
+
+// Run sweeps until drained or stopped, then counts the remaining backlog and
+// emits idempotency_archived_total and idempotency_expired_backlog. On error
+// the Result still says how far the run got.
+func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
+	start := time.Now()
+	res.PartitionsCreated = []string{}
+	res.Backlog = -1
+	defer func() {
+		res.DurationMS = time.Since(start).Milliseconds()
+		// Count the backlog even when the run was cut short: it is the figure
+		// an operator needs most then. A dead context gets a short grace.
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if n, berr := s.Backlog(bctx); berr == nil {
+			res.Backlog = n
+		}
+		values := []metrics.Value{metrics.Count(metrics.ArchivedTotal, res.Moved)}
+		if res.Backlog >= 0 {
+			values = append(values, metrics.Count(metrics.ExpiredBacklog, res.Backlog))
+		}
+		s.metrics.Emit(values...)
+	}()
+
+	for {
+		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
+			res.Stopped = stop
+			return res, nil
+		}
+		b, err := s.batch(ctx)
+		var missing *MissingPartitionError
+		if errors.As(err, &missing) {
+			created, cerr := s.createPartitions(ctx, missing)
+			if cerr != nil {
+				return res, fmt.Errorf("sweep batch %d: %w", res.Batches+1, cerr)
+			}
+			res.PartitionsCreated = append(res.PartitionsCreated, created...)
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				res.Stopped = StoppedCanceled
+			}
+			return res, fmt.Errorf("sweep batch %d: %w", res.Batches+1, err)
+		}
+		res.Batches++
+		res.Moved += b.removed
+		res.Archived += b.archived
+		if s.cfg.OnBatch != nil {
+			s.cfg.OnBatch(Progress{Batches: res.Batches, Moved: res.Moved, Archived: res.Archived, Elapsed: time.Since(start)})
+		}
+		if b.selected < int64(s.cfg.BatchSize) {
+			res.Drained = true
+			res.Stopped = StoppedDrained
+			return res, nil
+		}
+		if s.cfg.Pause > 0 {
+			if err := s.sleep(ctx, jitter(s.cfg.Pause)); err != nil {
+				res.Stopped = StoppedCanceled
+				return res, nil
+			}
+		}
+	}
+}
+
+func (s *Sweeper) shouldStop(ctx context.Context, start time.Time, batches int) string {
+	if ctx.Err() != nil {
+		return StoppedCanceled
+	}
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < s.cfg.DeadlineMargin {
+		return StoppedDeadline
+	}
+	if s.cfg.MaxDuration > 0 && batches > 0 && time.Since(start) >= s.cfg.MaxDuration {
+		return StoppedMaxDuration
+	}
+	return ""
+}
+
+type batchResult struct {
+	selected, archived, removed int64
+}
+
+func (s *Sweeper) batch(ctx context.Context) (batchResult, error) {
+	var b batchResult
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout+5*time.Second)
+	defer cancel()
+	settings := database.Timeouts(s.cfg.LockTimeout, s.cfg.StatementTimeout)
+	// Plan with the real batch size every time: a generic plan guesses the
+	// LIMIT and may pick a sequential scan of the live table.
+	settings["plan_cache_mode"] = "force_custom_plan"
+	err := database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, batchSQL, s.cfg.BatchSize, s.path).Scan(&b.selected, &b.archived, &b.removed)
+	})
+	if isNoPartition(err) {
+		months, merr := s.uncoveredMonths(ctx)
+		if merr != nil {
+			return b, fmt.Errorf("%w (and finding the months failed: %v)", err, merr)
+		}
+		return b, &MissingPartitionError{Months: months}
+	}
+	return b, err
+}
+
+// isNoPartition recognizes "no partition of relation ... found for row".
+func isNoPartition(err error) bool {
+	return database.SQLState(err) == database.CodeCheckViolation && strings.Contains(err.Error(), "no partition of relation")
+}
+
+// uncoveredMonths returns the UTC months of the next batch's rows that no
+// archive partition covers.
+func (s *Sweeper) uncoveredMonths(ctx context.Context) ([]time.Time, error) {
+	rows, err := s.pool.Query(ctx, batchMonthsSQL, s.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("list months of expired rows: %w", err)
+	}
+	months, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		return nil, fmt.Errorf("list months of expired rows: %w", err)
+	}
+	parts, err := partition.List(ctx, s.pool)
+	if err != nil {
+		return nil, err
+	}
+	var missing []time.Time
+	for _, m := range months {
+		m = time.Date(m.Year(), m.Month(), 1, 0, 0, 0, 0, time.UTC)
+		covered := slices.ContainsFunc(parts, func(p partition.Partition) bool {
+			return !p.DetachPending && !p.From.After(m) && (p.To.IsZero() || p.To.After(m))
+		})
+		if !covered {
+			missing = append(missing, m)
+		}
+	}
+	slices.SortFunc(missing, time.Time.Compare)
+	return missing, nil
+}
+
+// createPartitions creates the missing months, or returns the error that
+// explains why the sweeper cannot. It fails when it made no progress, so a
+// batch can never loop on a partition it cannot create.
+func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitionError) ([]string, error) {
+	if s.cfg.FailOnMissingPartition || s.partitions == nil || len(missing.Months) == 0 {
+		return nil, missing
+	}
+	var created []string
+	for _, m := range missing.Months {
+		stmts, err := s.partitions.EnsureMonth(ctx, m)
+		if err != nil {
+			missing.Err = err
+			return nil, missing
+		}
+		if len(stmts) > 0 {
+			created = append(created, partition.Name(m))
+		}
+	}
+	if len(created) == 0 {
+		missing.Err = errors.New("the partitions exist but the insert still found none")
+		return nil, missing
+	}
+	return created, nil
+}
+
+// Backlog counts expired live rows, up to Config.BacklogCap.
+func (s *Sweeper) Backlog(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, backlogSQL, s.cfg.BacklogCap).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count expired backlog: %w", err)
+	}
+	return n, nil
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d*3/4 + time.Duration(rand.Int64N(int64(d)/2+1))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

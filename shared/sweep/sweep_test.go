@@ -1,0 +1,363 @@
+package sweep_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/schema"
+	"github.com/idemarchive/idemarchive/shared/sweep"
+)
+
+type bundle struct {
+	db      *dbtest.DB
+	sweeper *pgxpool.Pool // connected as the least-privilege sweeper role
+	parts   *partition.Manager
+}
+
+// setup gives a migrated schema with partitions from three months back to
+// three months ahead, and a pool that runs as idempotency_sweeper.
+func setup(t *testing.T) bundle {
+	t.Helper()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	parts, err := partition.NewManager(db.Pool, partition.Config{}, nil)
+	require.NoError(t, err)
+	_, err = parts.Run(ctx, false)
+	require.NoError(t, err)
+	for i := 1; i <= 3; i++ {
+		_, err := parts.EnsureMonth(ctx, time.Now().AddDate(0, -i, 0))
+		require.NoError(t, err)
+	}
+	return bundle{db: db, sweeper: db.NewPool(t, dbtest.AsRole(schema.SweeperRole)), parts: parts}
+}
+
+func newSweeper(t *testing.T, pool *pgxpool.Pool, cfg sweep.Config, parts sweep.PartitionEnsurer, m *metrics.Emitter) *sweep.Sweeper {
+	t.Helper()
+	if cfg.Pause == 0 {
+		cfg.Pause = -1
+	}
+	s, err := sweep.New(pool, cfg, parts, m)
+	require.NoError(t, err)
+	return s
+}
+
+type archived struct {
+	Status     int
+	ResourceID *string
+	CreatedAt  time.Time
+	ExpiredAt  time.Time
+}
+
+func archiveRow(t *testing.T, pool *pgxpool.Pool, key string) archived {
+	t.Helper()
+	var a archived
+	var status int16
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT status_code, resource_id, created_at, expired_at FROM idempotency_key_archive WHERE scoped_key = $1", key).
+		Scan(&status, &a.ResourceID, &a.CreatedAt, &a.ExpiredAt), key)
+	a.Status = int(status)
+	return a
+}
+
+func ptr(s string) *string { return &s }
+
+func TestSweepMovesExpiredRowsAsTheSweeperRole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	// GIVEN expired keys of every kind, and keys still inside their window
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:done", Status: 201, Response: map[string]any{"id": "ch_1", "amount": 4500}, CreatedAt: now.Add(-30 * time.Hour), ExpiresAt: now.Add(-6 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:numeric-id", Status: 200, Response: map[string]any{"id": 42}, ExpiresAt: now.Add(-5 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:no-id", Status: 400, Response: map[string]any{"error": "bad"}, ExpiresAt: now.Add(-4 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:array-body", Status: 200, Response: []int{1, 2}, ExpiresAt: now.Add(-4 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:in-flight", ExpiresAt: now.Add(-3 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:last-month", Status: 201, Response: map[string]any{"id": "ch_old"}, ExpiresAt: now.AddDate(0, -1, 0)},
+		dbtest.LiveRow{Key: "idem:v1:fresh", Status: 201, Response: map[string]any{"id": "ch_2"}, ExpiresAt: now.Add(time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:fresh-in-flight", ExpiresAt: now.Add(2 * time.Hour)},
+	)
+	var buf bytes.Buffer
+
+	// WHEN the sweeper runs with small batches
+	s := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 2}, nil, metrics.New(&buf, "Test"))
+	res, err := s.Run(context.Background())
+
+	// THEN every expired row moved, nothing else did
+	require.NoError(t, err)
+	require.Equal(t, int64(6), res.Moved)
+	require.Equal(t, int64(6), res.Archived)
+	require.Equal(t, 4, res.Batches) // 2+2+2, then an empty batch proves drained
+	require.True(t, res.Drained)
+	require.Equal(t, sweep.StoppedDrained, res.Stopped)
+	require.Zero(t, res.Backlog)
+	require.EqualValues(t, 2, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
+	require.EqualValues(t, 0, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys WHERE expires_at < now()"))
+
+	done := archiveRow(t, b.db.Pool, "idem:v1:done")
+	require.Equal(t, archived{201, ptr("ch_1"), now.Add(-30 * time.Hour), now.Add(-6 * time.Hour)}, archived{done.Status, done.ResourceID, done.CreatedAt.UTC(), done.ExpiredAt.UTC()})
+	require.Nil(t, archiveRow(t, b.db.Pool, "idem:v1:numeric-id").ResourceID, "a non-string id is NULL")
+	require.Nil(t, archiveRow(t, b.db.Pool, "idem:v1:no-id").ResourceID)
+	require.Nil(t, archiveRow(t, b.db.Pool, "idem:v1:array-body").ResourceID)
+	inFlight := archiveRow(t, b.db.Pool, "idem:v1:in-flight")
+	require.Equal(t, 0, inFlight.Status, "a key that expired in flight is archived with status 0")
+	require.Nil(t, inFlight.ResourceID)
+	require.Equal(t, ptr("ch_old"), archiveRow(t, b.db.Pool, "idem:v1:last-month").ResourceID)
+
+	// AND the metrics line carries the runbook's names
+	var line map[string]any
+	require.NoError(t, json.Unmarshal(buf.Bytes(), &line), buf.String())
+	require.EqualValues(t, 6, line[metrics.ArchivedTotal])
+	require.EqualValues(t, 0, line[metrics.ExpiredBacklog])
+}
+
+func TestResourceIDPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	past := time.Now().Add(-time.Hour)
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: "nested", Status: 201, Response: map[string]any{"data": map[string]any{"id": "re_9"}}, ExpiresAt: past},
+		dbtest.LiveRow{Key: "top-level-only", Status: 201, Response: map[string]any{"id": "ch_top"}, ExpiresAt: past},
+	)
+	_, err := newSweeper(t, b.sweeper, sweep.Config{ResourceIDPath: "data.id"}, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, ptr("re_9"), archiveRow(t, b.db.Pool, "nested").ResourceID)
+	require.Nil(t, archiveRow(t, b.db.Pool, "top-level-only").ResourceID)
+}
+
+// The runbook's DELETE ... USING archived never deletes a live row whose
+// archive row already exists, so it would be selected again by every batch.
+func TestRowAlreadyArchivedStillLeavesTheLiveTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	past := time.Now().UTC().Add(-time.Hour).Truncate(time.Microsecond)
+	// GIVEN expired live rows whose archive rows were already written (as the
+	// Redis live store does at completion)
+	for i := range 5 {
+		key := fmt.Sprintf("idem:v1:dup-%d", i)
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: key, Status: 201, Response: map[string]any{"id": "ch_live"}, ExpiresAt: past})
+		dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ResourceID: ptr("ch_archived"), ExpiredAt: past})
+	}
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:new", Status: 201, ExpiresAt: past})
+
+	// WHEN the sweeper runs with batches smaller than the duplicates
+	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 2}, nil, nil).Run(context.Background())
+
+	// THEN it drains: every live row is gone, each key archived exactly once
+	require.NoError(t, err)
+	require.True(t, res.Drained)
+	require.Equal(t, int64(6), res.Moved)
+	require.Equal(t, int64(1), res.Archived)
+	require.Zero(t, res.Backlog)
+	require.EqualValues(t, 0, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
+	require.EqualValues(t, 6, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+	require.Equal(t, ptr("ch_archived"), archiveRow(t, b.db.Pool, "idem:v1:dup-0").ResourceID, "the first archive row wins")
+}
+
+func TestMissingPartition(t *testing.T) {
+	t.Parallel()
+	old := time.Date(2020, 3, 15, 12, 0, 0, 0, time.UTC)
+	seed := func(t *testing.T, b bundle) {
+		dbtest.InsertLive(t, b.db.Pool,
+			dbtest.LiveRow{Key: "idem:v1:ancient", Status: 201, ExpiresAt: old},
+			dbtest.LiveRow{Key: "idem:v1:recent", Status: 201, ExpiresAt: time.Now().Add(-time.Minute)},
+		)
+	}
+	requireMissing := func(t *testing.T, b bundle, err error) {
+		t.Helper()
+		var missing *sweep.MissingPartitionError
+		require.ErrorAs(t, err, &missing)
+		require.ErrorContains(t, err, "archive has no partition for 2020-03")
+		require.EqualValues(t, 2, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"), "no row may be lost")
+		require.EqualValues(t, 0, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+	}
+
+	t.Run("fail mode stops with the month named", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		seed(t, b)
+		res, err := newSweeper(t, b.db.Pool, sweep.Config{FailOnMissingPartition: true}, b.parts, nil).Run(context.Background())
+		requireMissing(t, b, err)
+		require.EqualValues(t, 2, res.Backlog)
+	})
+	t.Run("sweeper role may not create it and says so", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		seed(t, b)
+		rolesParts, err := partition.NewManager(b.sweeper, partition.Config{}, nil)
+		require.NoError(t, err)
+		_, err = newSweeper(t, b.sweeper, sweep.Config{}, rolesParts, nil).Run(context.Background())
+		requireMissing(t, b, err)
+		require.ErrorContains(t, err, "permission denied")
+	})
+	t.Run("owner creates it and retries", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		seed(t, b)
+		res, err := newSweeper(t, b.db.Pool, sweep.Config{}, b.parts, nil).Run(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, []string{"idempotency_key_archive_2020_03"}, res.PartitionsCreated)
+		require.Equal(t, int64(2), res.Moved)
+		require.EqualValues(t, 0, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
+		require.Equal(t, 201, archiveRow(t, b.db.Pool, "idem:v1:ancient").Status)
+	})
+}
+
+func TestStopsBeforeTheDeadlineAndAfterMaxDuration(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 30 {
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("k%02d", i), Status: 200, ExpiresAt: time.Now().Add(-time.Hour)})
+	}
+
+	// A deadline closer than the margin: no batch starts.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 5, DeadlineMargin: 3 * time.Second}, nil, nil).Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweep.StoppedDeadline, res.Stopped)
+	require.Zero(t, res.Batches)
+	require.EqualValues(t, 30, res.Backlog)
+
+	// MaxDuration: batches until it passes, whole batches only.
+	res, err = newSweeper(t, b.sweeper, sweep.Config{BatchSize: 5, Pause: 40 * time.Millisecond, MaxDuration: 60 * time.Millisecond}, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, sweep.StoppedMaxDuration, res.Stopped)
+	require.False(t, res.Drained)
+	require.Positive(t, res.Batches)
+	require.Equal(t, int64(res.Batches*5), res.Moved)
+	require.Equal(t, 30-res.Moved, res.Backlog)
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []sweep.Config{
+		{BatchSize: -1},
+		{BatchSize: sweep.MaxBatchSize + 1},
+		{ResourceIDPath: "data..id"},
+		{LockTimeout: -time.Second},
+	} {
+		_, err := sweep.New(nil, cfg, nil, nil)
+		require.Error(t, err, "%+v", cfg)
+	}
+}
+
+// Four sweepers run while live traffic registers keys that expire quickly
+// and completes some of them. Afterwards every key is in exactly one of the
+// live table and the archive, and an archived key's status tells whether its
+// completion won the race with expiry.
+func TestConcurrentSweepersWithLiveTraffic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const writers, keysPerWriter, sweepers = 4, 400, 4
+
+	var completed sync.Map // key -> status, for completions that found the row
+	var traffic sync.WaitGroup
+	for w := range writers {
+		traffic.Add(1)
+		go func() {
+			defer traffic.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := range keysPerWriter {
+				key := fmt.Sprintf("idem:v1:w%d-%04d", w, i)
+				ttl := time.Duration(1+rng.IntN(30)) * time.Millisecond
+				_, err := b.db.Pool.Exec(ctx, `INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at) VALUES ($1, $2, now() + $3 * interval '1 millisecond')`,
+					key, dbtest.Fingerprint(key), ttl.Milliseconds())
+				if err != nil {
+					t.Errorf("register %s: %v", key, err)
+					return
+				}
+				if rng.IntN(3) > 0 {
+					status := 200 + rng.IntN(5)
+					tag, err := b.db.Pool.Exec(ctx, `UPDATE idempotency_keys SET state = 'completed', status_code = $2, response = jsonb_build_object('id', $1::text) WHERE scoped_key = $1`,
+						key, status)
+					if err != nil {
+						t.Errorf("complete %s: %v", key, err)
+						return
+					}
+					if tag.RowsAffected() == 1 {
+						completed.Store(key, status)
+					}
+				}
+			}
+		}()
+	}
+
+	var stop atomic.Bool
+	var sweeps sync.WaitGroup
+	var moved atomic.Int64
+	for range sweepers {
+		sweeps.Add(1)
+		go func() {
+			defer sweeps.Done()
+			s := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 25, Pause: time.Millisecond}, nil, nil)
+			for !stop.Load() {
+				res, err := s.Run(ctx)
+				if err != nil {
+					t.Errorf("sweep: %v", err)
+					return
+				}
+				moved.Add(res.Moved)
+			}
+		}()
+	}
+	traffic.Wait()
+	time.Sleep(50 * time.Millisecond) // let the last keys expire
+	stop.Store(true)
+	sweeps.Wait()
+	// A final sweep drains what the racing sweepers left.
+	res, err := newSweeper(t, b.sweeper, sweep.Config{}, nil, nil).Run(ctx)
+	require.NoError(t, err)
+	moved.Add(res.Moved)
+	require.Zero(t, res.Backlog)
+
+	total := int64(writers * keysPerWriter)
+	live := dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys")
+	arch := dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive")
+	require.Equal(t, total, live+arch, "every key is in exactly one place")
+	require.Equal(t, arch, moved.Load(), "each archived row was moved exactly once")
+	require.EqualValues(t, 0, dbtest.Count(t, b.db.Pool, `
+		SELECT count(*) FROM idempotency_keys k JOIN idempotency_key_archive a USING (scoped_key)`), "no key is in both")
+	require.EqualValues(t, total, dbtest.Count(t, b.db.Pool, `
+		SELECT count(DISTINCT scoped_key) FROM (SELECT scoped_key FROM idempotency_keys UNION ALL SELECT scoped_key FROM idempotency_key_archive) s`))
+
+	rows, err := b.db.Pool.Query(ctx, "SELECT scoped_key, status_code, resource_id FROM idempotency_key_archive")
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var key string
+		var status int16
+		var rid *string
+		require.NoError(t, rows.Scan(&key, &status, &rid))
+		want, ok := completed.Load(key)
+		if ok {
+			require.EqualValues(t, want, status, "%s completed before it was archived", key)
+			require.Equal(t, &key, rid)
+		} else {
+			require.Zero(t, status, "%s was archived in flight", key)
+		}
+	}
+	require.NoError(t, rows.Err())
+}
+
+func TestMissingPartitionErrorUnwraps(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("permission denied for table idempotency_key_archive")
+	err := &sweep.MissingPartitionError{Months: []time.Time{time.Date(2020, 3, 1, 0, 0, 0, 0, time.UTC)}, Err: cause}
+	require.ErrorIs(t, err, cause)
+	require.Contains(t, err.Error(), "2020-03")
+}

@@ -1,0 +1,117 @@
+// Package verify runs the runbook's four verification checks against a live
+// database: the expired backlog is zero, recent archive rows exist, the archive
+// has no column able to hold a payload, and partitions exist at least two
+// months ahead.
+package verify
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemarchive/idemarchive/shared/partition"
+)
+
+// Check is the outcome of one verification.
+type Check struct {
+	Name   string `json:"name"`
+	Pass   bool   `json:"pass"`
+	Figure string `json:"figure"`
+}
+
+// Options tune the checks.
+type Options struct {
+	// Recent is the window in which archive rows must exist. Default 24h.
+	Recent time.Duration
+	// Now returns the current time. Default time.Now.
+	Now func() time.Time
+}
+
+// archiveColumns is the archive's whole, payload-free column set.
+var archiveColumns = []string{"created_at", "expired_at", "fingerprint", "resource_id", "scoped_key", "status_code"}
+
+// Run performs the four checks. An error means a check could not run at all.
+func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error) {
+	if opts.Recent == 0 {
+		opts.Recent = 24 * time.Hour
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	now := opts.Now()
+	var checks []Check
+
+	var backlog int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE expires_at < $1`, now).Scan(&backlog); err != nil {
+		return nil, fmt.Errorf("count expired live rows: %w", err)
+	}
+	checks = append(checks, Check{"expired backlog is zero", backlog == 0, fmt.Sprintf("%d expired live rows", backlog)})
+
+	var recent int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_key_archive WHERE expired_at > $1`, now.Add(-opts.Recent)).Scan(&recent); err != nil {
+		return nil, fmt.Errorf("count recent archive rows: %w", err)
+	}
+	checks = append(checks, Check{"recent archive rows exist", recent > 0, fmt.Sprintf("%d rows expired in the last %s", recent, strings.TrimSuffix(strings.TrimSuffix(opts.Recent.String(), "0s"), "0m"))})
+
+	rows, err := pool.Query(ctx, `
+		SELECT attname, format_type(atttypid, atttypmod)
+		  FROM pg_attribute
+		 WHERE attrelid = to_regclass('idempotency_key_archive') AND attnum > 0 AND NOT attisdropped
+		 ORDER BY attname`)
+	if err != nil {
+		return nil, fmt.Errorf("read archive columns: %w", err)
+	}
+	type column struct{ Name, Type string }
+	cols, err := pgx.CollectRows(rows, pgx.RowToStructByPos[column])
+	if err != nil {
+		return nil, fmt.Errorf("read archive columns: %w", err)
+	}
+	var names, extra []string
+	for _, c := range cols {
+		names = append(names, c.Name)
+		if !slices.Contains(archiveColumns, c.Name) || strings.HasPrefix(c.Type, "json") {
+			extra = append(extra, c.Name+" "+c.Type)
+		}
+	}
+	figure := "columns: " + strings.Join(names, ", ")
+	if len(extra) > 0 {
+		figure = "unexpected columns: " + strings.Join(extra, ", ")
+	}
+	checks = append(checks, Check{"no column can hold a payload", len(cols) > 0 && len(extra) == 0, figure})
+
+	parts, err := partition.List(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	current := partition.MonthStart(now)
+	var missing []string
+	for i := 0; i <= 2; i++ {
+		m := current.AddDate(0, i, 0)
+		covered := slices.ContainsFunc(parts, func(p partition.Partition) bool {
+			return !p.DetachPending && !p.From.After(m) && (p.To.IsZero() || !p.To.Before(m.AddDate(0, 1, 0)))
+		})
+		if !covered {
+			missing = append(missing, m.Format("2006-01"))
+		}
+	}
+	var newest time.Time
+	for _, p := range parts {
+		if !p.DetachPending && p.To.After(newest) {
+			newest = p.To
+		}
+	}
+	figure = "no partitions"
+	if !newest.IsZero() {
+		figure = fmt.Sprintf("newest partition ends %s (%.0f days ahead)", newest.Format("2006-01-02"), newest.Sub(now).Hours()/24)
+	}
+	if len(missing) > 0 {
+		figure += "; missing " + strings.Join(missing, ", ")
+	}
+	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0, figure})
+	return checks, nil
+}
