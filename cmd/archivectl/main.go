@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
@@ -136,7 +138,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		rest = append(rest[:i:i], rest[i+1:]...)
 	}
 
-	pool, err := database.Open(ctx, s.Database)
+	var awsCfg *aws.Config
+	if s.Database.SecretARN != "" || s.Database.IAMAuth {
+		c, err := awsconfig.LoadDefaultConfig(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("load AWS configuration: %w", err))
+		}
+		awsCfg = &c
+	}
+	pool, err := database.Open(ctx, s.Database, awsCfg)
 	if err != nil {
 		return fail(err)
 	}

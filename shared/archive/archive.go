@@ -31,6 +31,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/tracing"
 )
 
 // Errors returned by the Reader. Callers map them to responses.
@@ -163,8 +164,10 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	start := time.Now()
 	var archived []byte
 	var status int16
-	err := r.pool.QueryRow(ctx, lookupSQL, scopedKey, r.earliestExpiry(scopedKey)).
-		Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived)
+	err := tracing.Span(ctx, "archive.lookup", func(ctx context.Context) error {
+		return r.pool.QueryRow(ctx, lookupSQL, scopedKey, r.earliestExpiry(scopedKey)).
+			Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived)
+	})
 	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return rec, ErrNotFound
@@ -249,22 +252,25 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	if err != nil {
 		return page, err
 	}
-	rows, err := r.pool.Query(ctx, querySQL, args...)
-	if err != nil {
-		return page, fmt.Errorf("archive investigation query: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var rec Record
-		var status int16
-		if err := rows.Scan(&rec.ScopedKey, &status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt); err != nil {
-			return page, fmt.Errorf("archive investigation query: %w", err)
+	err = tracing.Span(ctx, "archive.investigate", func(ctx context.Context) error {
+		rows, err := r.pool.Query(ctx, querySQL, args...)
+		if err != nil {
+			return err
 		}
-		rec.Status = int(status)
-		rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
-		page.Records = append(page.Records, rec)
-	}
-	if err := rows.Err(); err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var rec Record
+			var status int16
+			if err := rows.Scan(&rec.ScopedKey, &status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt); err != nil {
+				return err
+			}
+			rec.Status = int(status)
+			rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
+			page.Records = append(page.Records, rec)
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		return page, fmt.Errorf("archive investigation query: %w", err)
 	}
 	// One row more than the page was read to learn whether another page exists.

@@ -5,22 +5,47 @@
 package database
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/rds/auth"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Config configures a connection pool.
+// Config configures a connection pool. Credentials come from one of three
+// places: the URL itself (local use), a Secrets Manager secret (SecretARN), or
+// RDS IAM authentication tokens minted for every new connection (IAMAuth).
 type Config struct {
 	// URL is a PostgreSQL connection string (postgres://user@host:5432/db?...).
-	// Required. A search_path query parameter selects the schema.
+	// Required unless SecretARN is set, in which case it may still override
+	// the host (an RDS Proxy endpoint, say) and options. A search_path query
+	// parameter selects the schema.
 	URL string
+	// SecretARN names a Secrets Manager secret in the shape RDS generates
+	// ({"username","password","host","port","dbname",...}). It is fetched on
+	// the first connection and again when older than SecretTTL, so a rotated
+	// password is picked up.
+	SecretARN string
+	// SecretTTL is how long a fetched secret is reused. Default 5 minutes.
+	SecretTTL time.Duration
+	// IAMAuth mints an RDS IAM authentication token as the password of every
+	// new connection (for RDS Proxy or RDS with IAM database authentication).
+	// The URL names host, port, user and database; AWS_REGION the region.
+	IAMAuth bool
+	// InsecureTLS allows a non-local host without sslmode=verify-full. Only
+	// for test rigs such as LocalStack; never in production.
+	InsecureTLS bool
 	// MaxConns caps the pool. Default 4.
 	MaxConns int32
 	// ExecMode selects how statements are sent. "cache_statement" (default)
@@ -37,15 +62,32 @@ var execModes = map[string]pgx.QueryExecMode{
 	"simple_protocol": pgx.QueryExecModeSimpleProtocol,
 }
 
-// PoolConfig validates c and returns the pgxpool configuration it describes.
-// Errors never include the connection string, which may hold a password.
+// PoolConfig validates c and returns the pgxpool configuration it describes,
+// without credentials from AWS (Open adds those). Errors never include the
+// connection string, which may hold a password.
 func (c Config) PoolConfig() (*pgxpool.Config, error) {
-	if c.URL == "" {
-		return nil, errors.New("database URL is empty: set DATABASE_URL")
+	if c.URL == "" && c.SecretARN == "" {
+		return nil, errors.New("database URL is empty: set DATABASE_URL (or DATABASE_SECRET_ARN)")
 	}
-	cfg, err := pgxpool.ParseConfig(c.URL)
+	if c.SecretARN != "" && c.IAMAuth {
+		return nil, errors.New("choose one source of database credentials: a secret or IAM authentication, not both")
+	}
+	if c.IAMAuth && c.URL == "" {
+		return nil, errors.New("IAM authentication needs DATABASE_URL naming host, port, user and database")
+	}
+	connString := c.URL
+	if connString == "" {
+		// Host, port and database come from the secret on first connect;
+		// until then the placeholder must not be a local address, so that
+		// the TLS rule below applies.
+		connString = "host=secret.invalid sslmode=verify-full"
+	}
+	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		return nil, errors.New("database URL is not a valid PostgreSQL connection string")
+	}
+	if c.URL != "" && !c.InsecureTLS && !isLocal(cfg.ConnConfig.Host) && !verifiesFull(cfg) {
+		return nil, fmt.Errorf("database host %s is not local: use sslmode=verify-full (with sslrootcert naming the RDS CA bundle when not behind RDS Proxy)", cfg.ConnConfig.Host)
 	}
 	if c.MaxConns < 0 {
 		return nil, fmt.Errorf("database max connections must be positive, got %d", c.MaxConns)
@@ -64,11 +106,57 @@ func (c Config) PoolConfig() (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
-// Open validates c and creates a pool. It does not connect: the first query does.
-func Open(ctx context.Context, c Config) (*pgxpool.Pool, error) {
+// isLocal reports whether host is a loopback address or a Unix socket directory.
+func isLocal(host string) bool {
+	switch {
+	case strings.HasPrefix(host, "/"), host == "localhost", strings.HasSuffix(host, ".localhost"):
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// verifiesFull reports whether every connection attempt verifies the server's
+// certificate and name (sslmode=verify-full): no plaintext fallback, no skipped
+// verification.
+func verifiesFull(cfg *pgxpool.Config) bool {
+	cc := cfg.ConnConfig
+	if cc.TLSConfig == nil || cc.TLSConfig.InsecureSkipVerify || cc.TLSConfig.ServerName == "" {
+		return false
+	}
+	for _, fb := range cc.Fallbacks {
+		if fb.TLSConfig == nil || fb.TLSConfig.InsecureSkipVerify {
+			return false
+		}
+	}
+	return true
+}
+
+// Open validates c and creates a pool. It does not connect: the first query
+// does. awsCfg is needed only with SecretARN or IAMAuth.
+func Open(ctx context.Context, c Config, awsCfg *aws.Config) (*pgxpool.Pool, error) {
 	cfg, err := c.PoolConfig()
 	if err != nil {
 		return nil, err
+	}
+	if (c.SecretARN != "" || c.IAMAuth) && awsCfg == nil {
+		return nil, errors.New("database credentials from AWS need an AWS configuration")
+	}
+	switch {
+	case c.SecretARN != "":
+		src := &secretSource{arn: c.SecretARN, ttl: cmp.Or(c.SecretTTL, 5*time.Minute), client: secretsmanager.NewFromConfig(*awsCfg), overrideHost: c.URL != ""}
+		cfg.BeforeConnect = src.beforeConnect
+	case c.IAMAuth:
+		creds, region := awsCfg.Credentials, awsCfg.Region
+		cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+			endpoint := net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
+			token, err := auth.BuildAuthToken(ctx, endpoint, region, cc.User, creds)
+			if err != nil {
+				return fmt.Errorf("mint RDS IAM auth token for %s@%s: %w", cc.User, endpoint, err)
+			}
+			cc.Password = token
+			return nil
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -28,10 +28,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/tracing"
 )
 
 // ArchiveTable is the partitioned parent table.
@@ -329,7 +331,7 @@ func (m *Manager) execute(ctx context.Context, conn *pgx.Conn, s step) error {
 	if s.inTx {
 		err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
 			for _, stmt := range s.statements {
-				if _, err := tx.Exec(ctx, stmt); err != nil {
+				if err := execTraced(ctx, tx, stmt); err != nil {
 					return fmt.Errorf("%s: %w", stmt, err)
 				}
 			}
@@ -351,11 +353,21 @@ func (m *Manager) execute(ctx context.Context, conn *pgx.Conn, s step) error {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout; RESET statement_timeout")
 	}()
 	for _, stmt := range s.statements {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
+		if err := execTraced(ctx, conn, stmt); err != nil {
 			return fmt.Errorf("%s partition %s: %s: %w", s.kind, s.partition, stmt, err)
 		}
 	}
 	return nil
+}
+
+// execTraced runs one DDL statement inside its own trace subsegment.
+func execTraced(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, stmt string) error {
+	return tracing.Span(ctx, "partition.ddl", func(ctx context.Context) error {
+		_, err := db.Exec(ctx, stmt)
+		return err
+	})
 }
 
 // advisoryLock serializes partition DDL per archive table (and so per schema).

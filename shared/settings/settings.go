@@ -41,6 +41,9 @@ type Variable struct {
 // Variables lists every variable FromEnv reads.
 var Variables = []Variable{
 	{"DATABASE_URL", "(required)", "PostgreSQL connection string; add search_path=... to use a schema other than public"},
+	{"DATABASE_SECRET_ARN", "", "Secrets Manager secret with the RDS-generated JSON (username, password, host, port, dbname); refetched every 5 minutes for rotation"},
+	{"DATABASE_IAM_AUTH", "false", "mint an RDS IAM auth token for every new connection (RDS Proxy); DATABASE_URL names host, port, user, database"},
+	{"DATABASE_INSECURE_TLS", "false", "allow a non-local host without sslmode=verify-full (test rigs only)"},
 	{"DATABASE_MAX_CONNS", "4", "connection pool size"},
 	{"DATABASE_EXEC_MODE", "cache_statement", "statement execution mode: cache_statement, cache_describe, describe_exec, exec, simple_protocol (exec or simple_protocol behind RDS Proxy)"},
 	{"METRICS_NAMESPACE", metrics.DefaultNamespace, "CloudWatch namespace of the EMF metrics"},
@@ -66,9 +69,12 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 	r := reader{getenv: getenv}
 	s := Settings{
 		Database: database.Config{
-			URL:      getenv("DATABASE_URL"),
-			MaxConns: int32(r.int("DATABASE_MAX_CONNS")),
-			ExecMode: getenv("DATABASE_EXEC_MODE"),
+			URL:         getenv("DATABASE_URL"),
+			SecretARN:   getenv("DATABASE_SECRET_ARN"),
+			IAMAuth:     r.bool("DATABASE_IAM_AUTH"),
+			InsecureTLS: r.bool("DATABASE_INSECURE_TLS"),
+			MaxConns:    int32(r.int("DATABASE_MAX_CONNS")),
+			ExecMode:    getenv("DATABASE_EXEC_MODE"),
 		},
 		MetricsNamespace: getenv("METRICS_NAMESPACE"),
 		Sweep: sweep.Config{
@@ -138,6 +144,18 @@ func (r *reader) int(name string) int {
 		r.fail(name, errors.New("not a whole number: "+strconv.Quote(v)))
 	}
 	return n
+}
+
+func (r *reader) bool(name string) bool {
+	v := r.getenv(name)
+	if v == "" {
+		return false
+	}
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		r.fail(name, errors.New("not true or false: "+strconv.Quote(v)))
+	}
+	return b
 }
 
 func (r *reader) duration(name string) time.Duration {

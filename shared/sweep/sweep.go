@@ -36,6 +36,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/tracing"
 )
 
 //go:embed batch.sql
@@ -296,8 +297,10 @@ func (s *Sweeper) batch(ctx context.Context) (batchResult, error) {
 	// Plan with the real batch size every time: a generic plan guesses the
 	// LIMIT and may pick a sequential scan of the live table.
 	settings["plan_cache_mode"] = "force_custom_plan"
-	err := database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, batchSQL, s.cfg.BatchSize, s.path).Scan(&b.selected, &b.archived, &b.removed)
+	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error {
+		return database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, batchSQL, s.cfg.BatchSize, s.path).Scan(&b.selected, &b.archived, &b.removed)
+		})
 	})
 	if isNoPartition(err) {
 		months, merr := s.uncoveredMonths(ctx)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # with-services.sh — run a command with throwaway PostgreSQL and Redis.
 #
-# Usage: scripts/with-services.sh <command> [args...]
+# Usage: shared/testenv/with-services.sh <command> [args...]
 #
 # Used by `make test` and `make dev`. Starts a private PostgreSQL cluster and
 # a private redis-server (each on a free port bound to 127.0.0.1, data in a

@@ -1,0 +1,208 @@
+// Command lambdalocal packages and runs this project's Lambda functions on a
+// development machine, without docker:
+//
+//	lambdalocal zip -o bin/lookup.zip bin/lookup/bootstrap
+//	lambdalocal invoke -bootstrap bin/local/lookup/bootstrap -event events/lookup-direct.json [-seed-probe]
+//	lambdalocal template -o bin/sam/template.json -code-dir bin
+//
+// zip writes a deployment package holding one executable file named bootstrap,
+// byte-for-byte reproducible (fixed timestamps), so that an unchanged binary
+// gives an unchanged CDK asset hash. invoke runs the bootstrap under the AWS
+// Lambda Runtime Interface Emulator with the configuration variables of this
+// environment, posts the event, prints the response on stdout and the
+// function's logs on stderr. template synthesizes a SAM template of the three
+// functions over built bootstraps, for `sam local invoke` where docker runs.
+package main
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemarchive/idemarchive/shared/emulator"
+	"github.com/idemarchive/idemarchive/shared/settings"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "lambdalocal:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("usage: lambdalocal zip -o OUT.zip BOOTSTRAP | lambdalocal invoke -bootstrap PATH -event FILE [-rie PATH] [-seed-probe] | lambdalocal template -o OUT.json [-code-dir DIR]")
+	}
+	switch args[0] {
+	case "zip":
+		return cmdZip(args[1:])
+	case "invoke":
+		return cmdInvoke(ctx, args[1:], stdout, stderr)
+	case "template":
+		return cmdTemplate(args[1:])
+	}
+	return fmt.Errorf("unknown command %q (want zip, invoke or template)", args[0])
+}
+
+func cmdZip(args []string) error {
+	fs := flag.NewFlagSet("zip", flag.ContinueOnError)
+	out := fs.String("o", "", "zip file to write")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *out == "" || fs.NArg() != 1 {
+		return errors.New("usage: lambdalocal zip -o OUT.zip BOOTSTRAP")
+	}
+	bin, err := os.ReadFile(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	hdr := &zip.FileHeader{Name: "bootstrap", Method: zip.Deflate, Modified: time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC)}
+	hdr.SetMode(0o755) // Lambda runs bootstrap as an executable
+	w, err := zw.CreateHeader(hdr)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(bin); err != nil {
+		return err
+	}
+	if err := zw.Close(); err != nil {
+		return err
+	}
+	return os.WriteFile(*out, buf.Bytes(), 0o644)
+}
+
+// probeSQL archives the runbook's verification probe, so that the lookup
+// sample events find a row.
+const probeSQL = `
+INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+SELECT 'idem:v1:probe', '\x00', 201, 'ch_probe', now() - interval '30 hours', now() - interval '6 hours'
+ WHERE NOT EXISTS (SELECT 1 FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:probe')`
+
+func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("invoke", flag.ContinueOnError)
+	bootstrap := fs.String("bootstrap", "", "path of the bootstrap binary (built for this machine)")
+	event := fs.String("event", "", "JSON event file to send")
+	rie := fs.String("rie", filepath.Join("bin", "tools", "aws-lambda-rie"), "path of aws-lambda-rie")
+	seed := fs.Bool("seed-probe", false, "archive the runbook's probe key idem:v1:probe first")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *bootstrap == "" || *event == "" {
+		return errors.New("usage: lambdalocal invoke -bootstrap PATH -event FILE [-rie PATH] [-seed-probe]")
+	}
+	payload, err := os.ReadFile(*event)
+	if err != nil {
+		return err
+	}
+	if *seed {
+		conn, err := pgx.Connect(ctx, os.Getenv("DATABASE_URL"))
+		if err != nil {
+			return fmt.Errorf("seed probe: connect: %w", err)
+		}
+		_, err = conn.Exec(ctx, probeSQL)
+		conn.Close(ctx)
+		if err != nil {
+			return fmt.Errorf("seed probe: %w", err)
+		}
+	}
+	env := map[string]string{}
+	for _, v := range settings.Variables {
+		if val, ok := os.LookupEnv(v.Name); ok {
+			env[v.Name] = val
+		}
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	e, err := emulator.Start(startCtx, *rie, *bootstrap, env, stderr)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	out, err := e.Invoke(ctx, payload)
+	if err != nil {
+		return err
+	}
+	var pretty bytes.Buffer
+	if json.Indent(&pretty, out, "", "  ") != nil {
+		pretty.Reset()
+		pretty.Write(out)
+	}
+	pretty.WriteByte('\n')
+	_, err = stdout.Write(pretty.Bytes())
+	return err
+}
+
+// samFunctions are the functions of the SAM template, with their timeouts.
+var samFunctions = []struct {
+	logicalID, dir string
+	timeout        int
+}{
+	{"SweepFunction", "sweep", 300},
+	{"PartitionsFunction", "partitions", 120},
+	{"LookupFunction", "lookup", 10},
+}
+
+func cmdTemplate(args []string) error {
+	fs := flag.NewFlagSet("template", flag.ContinueOnError)
+	out := fs.String("o", "", "template file to write")
+	codeDir := fs.String("code-dir", "bin", "directory holding <function>/bootstrap, relative to the template's directory or absolute")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *out == "" {
+		return errors.New("usage: lambdalocal template -o OUT.json [-code-dir DIR]")
+	}
+	env := map[string]string{}
+	for _, v := range settings.Variables {
+		if val, ok := os.LookupEnv(v.Name); ok {
+			env[v.Name] = val
+		}
+	}
+	resources := map[string]any{}
+	for _, f := range samFunctions {
+		resources[f.logicalID] = map[string]any{
+			"Type": "AWS::Serverless::Function",
+			"Properties": map[string]any{
+				"CodeUri":       filepath.Join(*codeDir, f.dir),
+				"Handler":       "bootstrap",
+				"Runtime":       "provided.al2023",
+				"Architectures": []string{"arm64"},
+				"MemorySize":    256,
+				"Timeout":       f.timeout,
+				"Tracing":       "Active",
+				"Environment":   map[string]any{"Variables": env},
+			},
+		}
+	}
+	doc := map[string]any{
+		"AWSTemplateFormatVersion": "2010-09-09",
+		"Transform":                "AWS::Serverless-2016-10-31",
+		"Description":              "Idempotency key archive functions for sam local invoke (generated by lambdalocal template)",
+		"Resources":                resources,
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(*out, append(b, '\n'), 0o644)
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestZipIsAnExecutableBootstrapAndReproducible(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bootstrap")
+	require.NoError(t, os.WriteFile(bin, []byte("\x7fELF fake binary"), 0o755))
+	a, b := filepath.Join(dir, "a.zip"), filepath.Join(dir, "b.zip")
+	require.NoError(t, run(context.Background(), []string{"zip", "-o", a, bin}, io.Discard, io.Discard))
+	require.NoError(t, run(context.Background(), []string{"zip", "-o", b, bin}, io.Discard, io.Discard))
+	za, err := os.ReadFile(a)
+	require.NoError(t, err)
+	zb, err := os.ReadFile(b)
+	require.NoError(t, err)
+	require.Equal(t, za, zb, "same binary, same bytes")
+
+	r, err := zip.NewReader(bytes.NewReader(za), int64(len(za)))
+	require.NoError(t, err)
+	require.Len(t, r.File, 1)
+	require.Equal(t, "bootstrap", r.File[0].Name)
+	require.Equal(t, os.FileMode(0o755), r.File[0].Mode().Perm())
+	f, err := r.File[0].Open()
+	require.NoError(t, err)
+	content, err := io.ReadAll(f)
+	require.NoError(t, err)
+	require.Equal(t, "\x7fELF fake binary", string(content))
+}
+
+func TestTemplateDescribesTheThreeFunctions(t *testing.T) {
+	t.Setenv("LIVE_TTL", "48h")
+	out := filepath.Join(t.TempDir(), "sam", "template.json")
+	require.NoError(t, run(context.Background(), []string{"template", "-o", out, "-code-dir", "../bin"}, io.Discard, io.Discard))
+	raw, err := os.ReadFile(out)
+	require.NoError(t, err)
+	var doc struct {
+		Transform string
+		Resources map[string]struct {
+			Type       string
+			Properties struct {
+				CodeUri, Handler, Runtime string
+				Architectures             []string
+				Environment               struct{ Variables map[string]string }
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	require.Equal(t, "AWS::Serverless-2016-10-31", doc.Transform)
+	require.Len(t, doc.Resources, 3)
+	lookup := doc.Resources["LookupFunction"]
+	require.Equal(t, "AWS::Serverless::Function", lookup.Type)
+	require.Equal(t, "../bin/lookup", lookup.Properties.CodeUri)
+	require.Equal(t, "bootstrap", lookup.Properties.Handler)
+	require.Equal(t, "provided.al2023", lookup.Properties.Runtime)
+	require.Equal(t, []string{"arm64"}, lookup.Properties.Architectures)
+	require.Equal(t, "48h", lookup.Properties.Environment.Variables["LIVE_TTL"])
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{nil, {"bogus"}, {"zip"}, {"invoke"}, {"template"}, {"zip", "-o", "x.zip", "/nonexistent"}} {
+		require.Error(t, run(context.Background(), args, io.Discard, io.Discard), "%q", args)
+	}
+}

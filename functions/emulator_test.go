@@ -1,0 +1,127 @@
+// Package functions_test runs the real bootstrap binaries of every function
+// under the AWS Lambda Runtime Interface Emulator, invoked over HTTP with the
+// sample events of events/, as `sam local invoke` or Lambda itself would.
+package functions_test
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awslambda "github.com/aws/aws-sdk-go-v2/service/lambda"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/testenv"
+)
+
+type record struct {
+	OriginalStatus   int     `json:"original_status"`
+	ResourceID       *string `json:"resource_id"`
+	FingerprintMatch *bool   `json:"fingerprint_match"`
+}
+
+type direct struct {
+	Status  int
+	Record  *record
+	Problem *struct{ Code string }
+	Page    *struct{ Records []map[string]any }
+}
+
+func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	env := map[string]string{"DATABASE_URL": db.URL, "SWEEP_PAUSE": "1ms"}
+	// GIVEN the three functions, each a real bootstrap under the emulator
+	partitions := testenv.StartEmulator(t, testenv.Bootstrap(t, "partitions"), env)
+	sweeper := testenv.StartEmulator(t, testenv.Bootstrap(t, "sweep"), env)
+	lookup := testenv.StartEmulator(t, testenv.Bootstrap(t, "lookup"), env)
+
+	// WHEN the daily partitions schedule fires
+	var parts struct{ Created []string }
+	require.NoError(t, json.Unmarshal(partitions.Invoke(t, testenv.Event(t, "partitions-schedule.json")), &parts))
+	require.Len(t, parts.Created, 4)
+
+	// AND a completed key and an in-flight key expire, and the sweep schedule fires
+	now := time.Now()
+	dbtest.InsertLive(t, db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:probe", Status: 201, Response: map[string]any{"id": "ch_probe"}, CreatedAt: now.Add(-30 * time.Hour), ExpiresAt: now.Add(-6 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:stuck", ExpiresAt: now.Add(-time.Hour)},
+	)
+	var swept struct {
+		Moved   int64
+		Drained bool
+		Backlog int64
+	}
+	require.NoError(t, json.Unmarshal(sweeper.Invoke(t, testenv.Event(t, "sweep-schedule.json")), &swept))
+	require.Equal(t, int64(2), swept.Moved)
+	require.True(t, swept.Drained)
+	require.Zero(t, swept.Backlog)
+	require.NotEmpty(t, testenv.Lines(sweeper.Output.String(), `"idempotency_archived_total":2`), "EMF line in the function's output")
+
+	// THEN the lookup function finds what the sweeper archived, through every shape
+	t.Run("HTTP API 2.0", func(t *testing.T) {
+		var resp events.APIGatewayV2HTTPResponse
+		require.NoError(t, json.Unmarshal(lookup.Invoke(t, testenv.Event(t, "lookup-http-api-v2.json")), &resp))
+		require.Equal(t, 200, resp.StatusCode, resp.Body)
+		var rec record
+		require.NoError(t, json.Unmarshal([]byte(resp.Body), &rec))
+		require.Equal(t, 201, rec.OriginalStatus)
+		require.Equal(t, "ch_probe", *rec.ResourceID)
+		require.False(t, *rec.FingerprintMatch, "the sample's fingerprint 00 is not the key's")
+	})
+	t.Run("REST proxy 1.0", func(t *testing.T) {
+		var resp events.APIGatewayProxyResponse
+		require.NoError(t, json.Unmarshal(lookup.Invoke(t, testenv.Event(t, "lookup-rest-v1.json")), &resp))
+		require.Equal(t, 200, resp.StatusCode, resp.Body)
+		require.Contains(t, resp.Body, `"resource_id":"ch_probe"`)
+	})
+	t.Run("direct invoke", func(t *testing.T) {
+		var resp direct
+		require.NoError(t, json.Unmarshal(lookup.Invoke(t, testenv.Event(t, "lookup-direct.json")), &resp))
+		require.Equal(t, 200, resp.Status)
+		require.Equal(t, "ch_probe", *resp.Record.ResourceID)
+	})
+	t.Run("investigation", func(t *testing.T) {
+		var resp events.APIGatewayV2HTTPResponse
+		require.NoError(t, json.Unmarshal(lookup.Invoke(t, testenv.Event(t, "query-http-api-v2.json")), &resp))
+		require.Equal(t, 200, resp.StatusCode, resp.Body)
+		require.Contains(t, resp.Body, `"scoped_key":"idem:v1:stuck","original_status":0`, "in-flight keys are archived with status 0")
+		var d direct
+		require.NoError(t, json.Unmarshal(lookup.Invoke(t, testenv.Event(t, "query-direct.json")), &d))
+		require.Len(t, d.Page.Records, 2)
+	})
+	t.Run("bad input is a 400, not a crash", func(t *testing.T) {
+		var resp direct
+		require.NoError(t, json.Unmarshal(lookup.Invoke(t, []byte(`{"scoped_key": `)), &resp))
+		require.Equal(t, 400, resp.Status)
+		require.Equal(t, "bad_request", resp.Problem.Code)
+	})
+	t.Run("lambda:Invoke through the AWS SDK", func(t *testing.T) {
+		// A service calling the function synchronously, with the SDK's Lambda
+		// client pointed at the emulator (it serves the Invoke API path).
+		client := awslambda.New(awslambda.Options{
+			Region:       "eu-west-1",
+			BaseEndpoint: aws.String(lookup.URL),
+			Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+		})
+		fp := dbtest.Fingerprint("idem:v1:probe")
+		payload, _ := json.Marshal(map[string]string{"scoped_key": "idem:v1:probe", "fingerprint": hex.EncodeToString(fp)})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out, err := client.Invoke(ctx, &awslambda.InvokeInput{FunctionName: aws.String("function"), Payload: payload})
+		require.NoError(t, err)
+		require.Nil(t, out.FunctionError)
+		var resp direct
+		require.NoError(t, json.Unmarshal(out.Payload, &resp))
+		require.Equal(t, 200, resp.Status)
+		require.Equal(t, 201, resp.Record.OriginalStatus)
+		require.True(t, *resp.Record.FingerprintMatch)
+	})
+	require.NotEmpty(t, testenv.Lines(lookup.Output.String(), `"idempotency_archive_lookup_duration_ms"`))
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/url"
+	"sync"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/fnenv"
+	"github.com/idemarchive/idemarchive/shared/lookupapi"
+)
+
+// handler adapts the three event shapes to lookupapi. It implements
+// lambda.Handler so that it sees the raw payload: a payload that is not JSON
+// is answered with a 400 problem, not a runtime error.
+type handler struct {
+	env *fnenv.Env
+	api *lookupapi.API
+}
+
+func newHandler(env *fnenv.Env) *handler {
+	return &handler{env: env, api: lookupapi.New(&lazyReader{env: env}, env.Logger)}
+}
+
+// shape tells the event shapes apart: HTTP API 2.0 events carry version
+// "2.0" and rawPath, REST proxy events httpMethod; anything else is a direct
+// invocation.
+type shape struct {
+	Version    string `json:"version"`
+	RawPath    string `json:"rawPath"`
+	HTTPMethod string `json:"httpMethod"`
+}
+
+func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	requestID := fnenv.RequestID(ctx)
+	var sh shape
+	if err := json.Unmarshal(payload, &sh); err != nil {
+		return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
+	}
+	switch {
+	case sh.Version == "2.0" && sh.RawPath != "":
+		var ev events.APIGatewayV2HTTPRequest
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
+		}
+		// HTTP APIs deliver rawPath already percent-decoded.
+		r := h.api.Serve(ctx, lookupapi.Request{Method: ev.RequestContext.HTTP.Method, Path: ev.RawPath, Query: ev.QueryStringParameters, RequestID: requestID})
+		return h.respond(ctx, events.APIGatewayV2HTTPResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+
+	case sh.HTTPMethod != "":
+		var ev events.APIGatewayProxyRequest
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
+		}
+		// REST APIs deliver the path still percent-encoded.
+		r := h.serveEncoded(ctx, ev.HTTPMethod, ev.Path, ev.QueryStringParameters, requestID)
+		return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+
+	default:
+		var req lookupapi.DirectRequest
+		dec := json.NewDecoder(bytes.NewReader(payload))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
+		}
+		return h.respond(ctx, h.api.Direct(ctx, req, requestID))
+	}
+}
+
+func (h *handler) serveEncoded(ctx context.Context, method, rawPath string, query map[string]string, requestID string) lookupapi.Response {
+	path, err := url.PathUnescape(rawPath)
+	if err != nil {
+		return h.api.ErrorResponse(ctx, badPayload(err), requestID)
+	}
+	return h.api.Serve(ctx, lookupapi.Request{Method: method, Path: path, Query: query, RequestID: requestID})
+}
+
+func (h *handler) respond(ctx context.Context, v any) ([]byte, error) {
+	status := 0
+	switch r := v.(type) {
+	case events.APIGatewayV2HTTPResponse:
+		status = r.StatusCode
+	case events.APIGatewayProxyResponse:
+		status = r.StatusCode
+	case lookupapi.DirectResponse:
+		status = r.Status
+	}
+	h.env.RequestLogger(ctx).InfoContext(ctx, "lookup answered", "status", status)
+	return json.Marshal(v)
+}
+
+type payloadError struct{ err error }
+
+func (e payloadError) Error() string        { return "malformed request: " + e.err.Error() }
+func (e payloadError) Is(target error) bool { return target == lookupapi.ErrBadRequest }
+
+func badPayload(err error) error { return payloadError{err} }
+
+// lazyReader opens the pool on the first lookup of the execution environment
+// and keeps the reader for every lookup after it.
+type lazyReader struct {
+	env *fnenv.Env
+
+	mu     sync.Mutex
+	reader *archive.Reader
+}
+
+func (l *lazyReader) get(ctx context.Context) (*archive.Reader, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.reader == nil {
+		pool, err := l.env.DB.Pool(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if l.reader, err = archive.NewReader(pool, l.env.Settings.Archive, l.env.Metrics); err != nil {
+			return nil, err
+		}
+	}
+	return l.reader, nil
+}
+
+func (l *lazyReader) Lookup(ctx context.Context, key string, fp []byte) (archive.Record, error) {
+	r, err := l.get(ctx)
+	if err != nil {
+		return archive.Record{}, err
+	}
+	return r.Lookup(ctx, key, fp)
+}
+
+func (l *lazyReader) Investigate(ctx context.Context, q archive.Query) (archive.Page, error) {
+	r, err := l.get(ctx)
+	if err != nil {
+		return archive.Page{}, err
+	}
+	return r.Investigate(ctx, q)
+}

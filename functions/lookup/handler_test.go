@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/testenv"
+)
+
+type bundle struct {
+	db     *dbtest.DB
+	invoke func(t *testing.T, payload []byte) []byte
+	stdout *testenv.SyncBuffer
+	stderr *testenv.SyncBuffer
+}
+
+// setup migrates a schema, creates partitions, archives the runbook's probe
+// and a key with awkward characters, and returns the handler behind the real
+// lambda.NewHandler plumbing.
+func setup(t *testing.T) bundle {
+	t.Helper()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
+	require.NoError(t, err)
+	_, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive
+		(scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:probe', '\x00', 201, 'ch_probe', now() - interval '30 hours', now() - interval '6 hours'),
+		       ('idem:v1:a b/c%d:e', '\x01', 200, NULL, now() - interval '30 hours', now() - interval '6 hours')`)
+	require.NoError(t, err)
+
+	env, stdout, stderr := testenv.FunctionEnv(t, db, nil)
+	h := lambda.NewHandler(newHandler(env))
+	return bundle{db: db, stdout: stdout, stderr: stderr, invoke: func(t *testing.T, payload []byte) []byte {
+		t.Helper()
+		out, err := h.Invoke(testenv.Invocation("req-"+t.Name()), payload)
+		require.NoError(t, err, "the lookup function answers every input itself")
+		return out
+	}}
+}
+
+type problem struct {
+	Type, Title, Code, Detail string
+	Status                    int
+	RequestID                 string `json:"request_id"`
+}
+
+func TestSampleEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	t.Run("HTTP API 2.0", func(t *testing.T) {
+		var resp events.APIGatewayV2HTTPResponse
+		require.NoError(t, json.Unmarshal(b.invoke(t, testenv.Event(t, "lookup-http-api-v2.json")), &resp))
+		require.Equal(t, 200, resp.StatusCode, resp.Body)
+		require.Equal(t, "application/json", resp.Headers["Content-Type"])
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(resp.Body), &rec))
+		require.EqualValues(t, 201, rec["original_status"])
+		require.Equal(t, "ch_probe", rec["resource_id"])
+		require.Equal(t, true, rec["fingerprint_match"])
+		require.Contains(t, rec, "created_at")
+		require.Contains(t, rec, "expired_at")
+	})
+	t.Run("REST proxy 1.0", func(t *testing.T) {
+		var resp events.APIGatewayProxyResponse
+		require.NoError(t, json.Unmarshal(b.invoke(t, testenv.Event(t, "lookup-rest-v1.json")), &resp))
+		require.Equal(t, 200, resp.StatusCode, resp.Body)
+		require.Contains(t, resp.Body, `"resource_id":"ch_probe"`)
+	})
+	t.Run("direct invoke", func(t *testing.T) {
+		var resp struct {
+			Status int
+			Record map[string]any
+		}
+		require.NoError(t, json.Unmarshal(b.invoke(t, testenv.Event(t, "lookup-direct.json")), &resp))
+		require.Equal(t, 200, resp.Status)
+		require.Equal(t, "ch_probe", resp.Record["resource_id"])
+		require.Equal(t, true, resp.Record["fingerprint_match"])
+	})
+	t.Run("investigation over HTTP API", func(t *testing.T) {
+		var resp events.APIGatewayV2HTTPResponse
+		require.NoError(t, json.Unmarshal(b.invoke(t, testenv.Event(t, "query-http-api-v2.json")), &resp))
+		require.Equal(t, 200, resp.StatusCode, resp.Body)
+		require.Contains(t, resp.Body, `"scoped_key":"idem:v1:probe"`)
+		require.Contains(t, resp.Body, `"scoped_key":"idem:v1:a b/c%d:e"`)
+	})
+	t.Run("investigation direct", func(t *testing.T) {
+		var resp struct {
+			Status int
+			Page   struct{ Records []map[string]any }
+		}
+		require.NoError(t, json.Unmarshal(b.invoke(t, testenv.Event(t, "query-direct.json")), &resp))
+		require.Equal(t, 200, resp.Status)
+		require.Len(t, resp.Page.Records, 2)
+	})
+	// Every lookup emitted its duration as an EMF line on stdout.
+	require.NotEmpty(t, testenv.Lines(b.stdout.String(), `"idempotency_archive_lookup_duration_ms"`))
+}
+
+func v2(method, rawPath string, query map[string]string) []byte {
+	ev := events.APIGatewayV2HTTPRequest{Version: "2.0", RawPath: rawPath, QueryStringParameters: query}
+	ev.RequestContext.HTTP.Method = method
+	b, _ := json.Marshal(ev)
+	return b
+}
+
+func v1(method, path string, query map[string]string) []byte {
+	b, _ := json.Marshal(events.APIGatewayProxyRequest{HTTPMethod: method, Path: path, QueryStringParameters: query})
+	return b
+}
+
+func TestKeysWithAwkwardCharacters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := "idem:v1:a b/c%d:e"
+	for name, payload := range map[string][]byte{
+		// HTTP APIs hand the function a decoded rawPath, REST APIs an encoded path.
+		"HTTP API path":   v2("GET", "/v1/archive/keys/"+key, nil),
+		"REST path":       v1("GET", "/v1/archive/keys/"+url.PathEscape(key), nil),
+		"REST with stage": v1("GET", "/prod/v1/archive/keys/"+url.PathEscape(key), nil),
+		"query form":      v2("GET", "/v1/archive/lookup", map[string]string{"scoped_key": key}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var resp events.APIGatewayV2HTTPResponse
+			require.NoError(t, json.Unmarshal(b.invoke(t, payload), &resp))
+			require.Equal(t, 200, resp.StatusCode, resp.Body)
+			require.Contains(t, resp.Body, `"original_status":200`)
+		})
+	}
+}
+
+func TestBadInputIsA4xxProblem(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	long := strings.Repeat("k", 600)
+	window := map[string]string{"scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2026-02-01T00:00:00Z"}
+	with := func(k, v string) map[string]string {
+		m := map[string]string{}
+		for a, b := range window {
+			m[a] = b
+		}
+		m[k] = v
+		return m
+	}
+	cases := []struct {
+		name    string
+		payload []byte
+		status  int
+		code    string
+	}{
+		{"unknown key", v2("GET", "/v1/archive/keys/idem:v1:never", nil), 404, "key_not_found"},
+		{"unknown route", v2("GET", "/v2/other", nil), 404, "route_not_found"},
+		{"unknown route under the prefix", v2("GET", "/v1/archive/nothing", nil), 404, "route_not_found"},
+		{"wrong method", v2("POST", "/v1/archive/keys/idem:v1:probe", nil), 405, "method_not_allowed"},
+		{"empty key", v2("GET", "/v1/archive/keys/", nil), 400, "invalid_key"},
+		{"key too long", v2("GET", "/v1/archive/keys/"+long, nil), 400, "invalid_key"},
+		{"bad fingerprint", v2("GET", "/v1/archive/keys/idem:v1:probe", map[string]string{"fingerprint": "xyz"}), 400, "bad_request"},
+		{"bad percent-encoding", v1("GET", "/v1/archive/keys/%zz", nil), 400, "bad_request"},
+		{"missing window", v2("GET", "/v1/archive/keys", map[string]string{"scope_prefix": "idem:"}), 400, "bad_request"},
+		{"bad timestamp", v2("GET", "/v1/archive/keys", with("created_from", "yesterday")), 400, "bad_request"},
+		{"reversed window", v2("GET", "/v1/archive/keys", with("created_to", "2025-01-01T00:00:00Z")), 400, "invalid_query"},
+		{"bad limit", v2("GET", "/v1/archive/keys", with("limit", "-5")), 400, "bad_request"},
+		{"limit too large", v2("GET", "/v1/archive/keys", with("limit", "100000")), 400, "invalid_query"},
+		{"bad cursor", v2("GET", "/v1/archive/keys", with("cursor", "not-a-cursor")), 400, "invalid_cursor"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var resp events.APIGatewayV2HTTPResponse
+			require.NoError(t, json.Unmarshal(b.invoke(t, tc.payload), &resp))
+			require.Equal(t, tc.status, resp.StatusCode, resp.Body)
+			require.Equal(t, "application/problem+json", resp.Headers["Content-Type"])
+			var p problem
+			require.NoError(t, json.Unmarshal([]byte(resp.Body), &p))
+			require.Equal(t, tc.code, p.Code)
+			require.Equal(t, tc.status, p.Status)
+			require.Equal(t, "urn:idemarchive:problem:"+tc.code, p.Type)
+			require.NotEmpty(t, p.Title)
+			require.Equal(t, "req-"+t.Name(), p.RequestID)
+		})
+	}
+
+	// Direct invocations answer problems in the direct shape.
+	direct := []struct {
+		name    string
+		payload string
+		status  int
+		code    string
+	}{
+		{"malformed JSON", `{"scoped_key": `, 400, "bad_request"},
+		{"not JSON at all", `hello`, 400, "bad_request"},
+		{"unknown field", `{"scoped_key": "k", "fingerprnt": "00"}`, 400, "bad_request"},
+		{"empty key", `{}`, 400, "invalid_key"},
+		{"key too long", `{"scoped_key": "` + long + `"}`, 400, "invalid_key"},
+		{"unknown action", `{"action": "delete"}`, 400, "bad_request"},
+		{"not found", `{"scoped_key": "idem:v1:never"}`, 404, "key_not_found"},
+		{"bad query time", `{"action": "query", "scope_prefix": "idem:", "created_from": "x", "created_to": "y"}`, 400, "bad_request"},
+	}
+	for _, tc := range direct {
+		t.Run("direct "+tc.name, func(t *testing.T) {
+			var resp struct {
+				Status  int
+				Problem problem
+			}
+			require.NoError(t, json.Unmarshal(b.invoke(t, []byte(tc.payload)), &resp))
+			require.Equal(t, tc.status, resp.Status)
+			require.Equal(t, tc.code, resp.Problem.Code)
+		})
+	}
+}
+
+func TestInternalErrorsLeakNothing(t *testing.T) {
+	t.Parallel()
+	// A database that cannot be reached: the error is logged with the request
+	// id and the client gets a generic 500.
+	env, _, stderr := testenv.FunctionEnv(t, nil, map[string]string{"DATABASE_URL": "postgres://secretuser:hunter2@127.0.0.1:1/db?connect_timeout=2"})
+	h := lambda.NewHandler(newHandler(env))
+	ctx, cancel := context.WithTimeout(testenv.Invocation("req-500"), 10*time.Second)
+	defer cancel()
+	out, err := h.Invoke(ctx, v2("GET", "/v1/archive/keys/idem:v1:probe", nil))
+	require.NoError(t, err)
+	var resp events.APIGatewayV2HTTPResponse
+	require.NoError(t, json.Unmarshal(out, &resp))
+	require.Equal(t, 500, resp.StatusCode)
+	require.JSONEq(t, `{"type":"urn:idemarchive:problem:internal_error","title":"Internal Server Error","status":500,"code":"internal_error","request_id":"req-500"}`, resp.Body)
+	require.NotContains(t, resp.Body, "127.0.0.1")
+	logs := stderr.String()
+	require.Contains(t, logs, `"request_id":"req-500"`)
+	require.Contains(t, logs, "lookup failed")
+	require.NotContains(t, logs, "hunter2", "the password never reaches the logs")
+}

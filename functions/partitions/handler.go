@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/idemarchive/idemarchive/shared/fnenv"
+	"github.com/idemarchive/idemarchive/shared/partition"
+)
+
+type handler struct {
+	env *fnenv.Env
+}
+
+// options may override the configured manager for one invocation.
+type options struct {
+	DryRun          bool `json:"dry_run,omitempty"`
+	LeadMonths      *int `json:"lead_months,omitempty"`
+	RetentionMonths *int `json:"retention_months,omitempty"`
+}
+
+// Handle ensures future partitions and retires old ones, returning the DDL it
+// ran (or, with dry_run, would run).
+func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partition.Result, error) {
+	log := h.env.RequestLogger(ctx)
+	cfg := h.env.Settings.Partitions
+	var opts options
+	if err := fnenv.DecodeInput(payload, &opts); err != nil {
+		return partition.Result{}, err
+	}
+	if opts.LeadMonths != nil {
+		// Zero means "default" in the Config; as an override it is a mistake.
+		if *opts.LeadMonths < 2 {
+			return partition.Result{}, fmt.Errorf("invalid options: lead_months must be at least 2, got %d", *opts.LeadMonths)
+		}
+		cfg.LeadMonths = *opts.LeadMonths
+	}
+	if opts.RetentionMonths != nil {
+		cfg.RetentionMonths = *opts.RetentionMonths
+	}
+	pool, err := h.env.DB.Pool(ctx)
+	if err != nil {
+		return partition.Result{}, err
+	}
+	m, err := partition.NewManager(pool, cfg, h.env.Metrics)
+	if err != nil {
+		return partition.Result{}, err
+	}
+	res, err := m.Run(ctx, opts.DryRun)
+	if err != nil {
+		log.ErrorContext(ctx, "partition run failed", "error", err, "created", res.Created, "retired", res.Retired)
+		return res, err
+	}
+	log.InfoContext(ctx, "partition run finished", "dry_run", res.DryRun, "created", res.Created, "retired", res.Retired,
+		"finalized", res.Finalized, "newest_partition_days", res.NewestPartitionDays)
+	return res, nil
+}

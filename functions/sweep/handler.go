@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/idemarchive/idemarchive/shared/fnenv"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/sweep"
+)
+
+type handler struct {
+	env *fnenv.Env
+}
+
+// options may override the configured sweep for one invocation.
+type options struct {
+	BatchSize   *int   `json:"batch_size,omitempty"`
+	Pause       string `json:"pause,omitempty"`
+	MaxDuration string `json:"max_duration,omitempty"`
+}
+
+// Handle runs sweep batches until drained or until the remaining invocation
+// time falls under the deadline margin, then returns the run's summary. Each
+// batch is its own transaction, so a timeout never leaves a half-moved batch.
+func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Result, error) {
+	log := h.env.RequestLogger(ctx)
+	cfg := h.env.Settings.Sweep
+	var opts options
+	if err := fnenv.DecodeInput(payload, &opts); err != nil {
+		return sweep.Result{}, err
+	}
+	if opts.BatchSize != nil {
+		if *opts.BatchSize < sweep.MinBatchSize || *opts.BatchSize > sweep.MaxBatchSize {
+			return sweep.Result{}, fmt.Errorf("invalid options: batch_size must be between %d and %d, got %d", sweep.MinBatchSize, sweep.MaxBatchSize, *opts.BatchSize)
+		}
+		cfg.BatchSize = *opts.BatchSize
+	}
+	var err error
+	if cfg.Pause, err = durationOption("pause", opts.Pause, cfg.Pause); err != nil {
+		return sweep.Result{}, err
+	}
+	if cfg.MaxDuration, err = durationOption("max_duration", opts.MaxDuration, cfg.MaxDuration); err != nil {
+		return sweep.Result{}, err
+	}
+
+	pool, err := h.env.DB.Pool(ctx)
+	if err != nil {
+		return sweep.Result{}, err
+	}
+	parts, err := partition.NewManager(pool, h.env.Settings.Partitions, nil)
+	if err != nil {
+		return sweep.Result{}, err
+	}
+	s, err := sweep.New(pool, cfg, parts, h.env.Metrics)
+	if err != nil {
+		return sweep.Result{}, err
+	}
+	res, err := s.Run(ctx)
+	if err != nil {
+		log.ErrorContext(ctx, "sweep failed", "error", err, "moved", res.Moved, "batches", res.Batches, "backlog", res.Backlog)
+		return res, err
+	}
+	log.InfoContext(ctx, "sweep finished", "moved", res.Moved, "archived", res.Archived, "batches", res.Batches,
+		"stopped", res.Stopped, "backlog", res.Backlog, "duration_ms", res.DurationMS)
+	return res, nil
+}
+
+func durationOption(name, v string, def time.Duration) (time.Duration, error) {
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("invalid options: %s is not a duration such as 200ms or 5m: %q", name, v)
+	}
+	return d, nil
+}

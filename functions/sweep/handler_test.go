@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/testenv"
+)
+
+func setup(t *testing.T, rows int) (*dbtest.DB, lambda.Handler, *testenv.SyncBuffer) {
+	t.Helper()
+	db := dbtest.New(t)
+	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
+	require.NoError(t, err)
+	_, err = m.Run(context.Background(), false)
+	require.NoError(t, err)
+	for i := range rows {
+		dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("idem:v1:%03d", i), Status: 201,
+			Response: map[string]any{"id": fmt.Sprintf("ch_%d", i)}, ExpiresAt: time.Now().Add(-time.Hour)})
+	}
+	env, stdout, _ := testenv.FunctionEnv(t, db, map[string]string{"SWEEP_PAUSE": "1ms"})
+	return db, lambda.NewHandler((&handler{env: env}).Handle), stdout
+}
+
+type summary struct {
+	Moved, Archived, Backlog int64
+	Batches                  int
+	Drained                  bool
+	Stopped                  string
+	DurationMS               *int64 `json:"duration_ms"`
+}
+
+func TestScheduledSweepDrains(t *testing.T) {
+	t.Parallel()
+	db, h, stdout := setup(t, 12)
+	out, err := h.Invoke(testenv.Invocation("req-1"), testenv.Event(t, "sweep-schedule.json"))
+	require.NoError(t, err)
+	var s summary
+	require.NoError(t, json.Unmarshal(out, &s))
+	require.Equal(t, int64(12), s.Moved)
+	require.True(t, s.Drained)
+	require.Zero(t, s.Backlog)
+	require.NotNil(t, s.DurationMS)
+	require.EqualValues(t, 12, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+	require.Len(t, testenv.Lines(stdout.String(), `"idempotency_archived_total":12`), 1)
+}
+
+func TestDirectOverrides(t *testing.T) {
+	t.Parallel()
+	_, h, _ := setup(t, 7)
+	out, err := h.Invoke(testenv.Invocation("req-2"), []byte(`{"batch_size": 2, "pause": "1ms"}`))
+	require.NoError(t, err)
+	var s summary
+	require.NoError(t, json.Unmarshal(out, &s))
+	require.Equal(t, 4, s.Batches, "batch_size 2 moves 7 rows in 4 batches")
+
+	// The sample direct event is accepted as it is.
+	_, err = h.Invoke(testenv.Invocation("req-3"), testenv.Event(t, "sweep-direct.json"))
+	require.NoError(t, err)
+	// So is an empty payload.
+	_, err = h.Invoke(testenv.Invocation("req-4"), []byte(`{}`))
+	require.NoError(t, err)
+}
+
+func TestStopsBeforeTheInvocationDeadline(t *testing.T) {
+	t.Parallel()
+	_, h, _ := setup(t, 3)
+	// Less time left than the deadline margin (35s by default): no batch starts.
+	ctx, cancel := context.WithTimeout(testenv.Invocation("req-5"), 20*time.Second)
+	defer cancel()
+	out, err := h.Invoke(ctx, testenv.Event(t, "sweep-schedule.json"))
+	require.NoError(t, err)
+	var s summary
+	require.NoError(t, json.Unmarshal(out, &s))
+	require.Equal(t, "deadline", s.Stopped)
+	require.Zero(t, s.Batches)
+	require.Equal(t, int64(3), s.Backlog)
+}
+
+func TestBadOptionsAreClearErrors(t *testing.T) {
+	t.Parallel()
+	_, h, _ := setup(t, 0)
+	for payload, want := range map[string]string{
+		`{"batch_size": 0}`:     "batch_size must be between 1 and 50000, got 0",
+		`{"batch_size": 50001}`: "batch_size must be between 1 and 50000",
+		`{"pause": "soon"}`:     "pause is not a duration",
+		`{"batchsize": 10}`:     `unknown field "batchsize"`,
+		`{"detail-type": "Scheduled Event", "detail": {"max_duration": 5}}`: "invalid options",
+		`[1, 2]`: "payload is not a JSON object",
+	} {
+		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
+		require.ErrorContains(t, err, want, payload)
+	}
+}

@@ -1,0 +1,156 @@
+// Package emulator runs a Lambda bootstrap binary under the AWS Lambda Runtime
+// Interface Emulator (aws-lambda-rie) on this machine, without docker, and
+// invokes it over HTTP the way the Lambda Invoke API does. `make invoke` and
+// the emulator tests use it.
+//
+//	e, err := emulator.Start(ctx, "bin/tools/aws-lambda-rie", "bin/local/lookup/bootstrap", env)
+//	defer e.Close()
+//	out, err := e.Invoke(ctx, payload)
+package emulator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Module is the emulator's Go module, pinned; install it with
+// go install Module.
+const Module = "github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d"
+
+// InvokePath is the Lambda Invoke API path the emulator serves.
+const InvokePath = "/2015-03-31/functions/function/invocations"
+
+// Emulator is one bootstrap running under the emulator.
+type Emulator struct {
+	// URL is the base URL of the emulator's Invoke API.
+	URL string
+	// Output is what the emulator and the function printed (logs, EMF).
+	Output *Buffer
+
+	cmd *exec.Cmd
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writers.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Start runs bootstrap under the emulator at rie, with env as the function's
+// whole environment (plus PATH and HOME), and waits until it listens. Output
+// is also copied to mirror when it is not nil.
+func Start(ctx context.Context, rie, bootstrap string, env map[string]string, mirror io.Writer) (*Emulator, error) {
+	for _, p := range []string{rie, bootstrap} {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("emulator: %w", err)
+		}
+	}
+	apiAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	rieAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(rie, "--runtime-interface-emulator-address", rieAddr, "--runtime-api-address", apiAddr, bootstrap)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "AWS_LAMBDA_FUNCTION_TIMEOUT=120"}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	e := &Emulator{URL: "http://" + rieAddr, Output: &Buffer{}, cmd: cmd}
+	var out io.Writer = e.Output
+	if mirror != nil {
+		out = io.MultiWriter(e.Output, mirror)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start emulator: %w", err)
+	}
+	for {
+		c, err := net.DialTimeout("tcp", rieAddr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return e, nil
+		}
+		select {
+		case <-ctx.Done():
+			e.Close()
+			return nil, fmt.Errorf("emulator did not listen on %s: %w\n%s", rieAddr, ctx.Err(), e.Output.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Invoke posts payload and returns the function's response payload.
+func (e *Emulator) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL+InvokePath, bytes.NewReader(payload))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("invoke: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("invoke: read response: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return body, fmt.Errorf("invoke: emulator answered %s: %s", resp.Status, body)
+	}
+	return body, nil
+}
+
+// Close stops the emulator and the function: SIGTERM, as Lambda sends on
+// shutdown (the functions close their pools on it), then SIGKILL after 3s.
+func (e *Emulator) Close() {
+	if e.cmd.Process == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = e.cmd.Wait()
+		close(done)
+	}()
+	_ = e.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		_ = e.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", errors.New("emulator: no free local port")
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}

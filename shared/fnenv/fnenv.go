@@ -1,0 +1,131 @@
+// Package fnenv is what every Lambda function of this project sets up once per
+// execution environment: validated settings, a JSON logger, the EMF metrics
+// emitter, the AWS configuration (traced) and the lazily created pool.
+//
+//	env, err := fnenv.Load(ctx, os.Getenv)
+//	lambda.StartWithOptions(handler, lambda.WithEnableSIGTERM(env.Close))
+package fnenv
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambdacontext"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemarchive/idemarchive/shared/database"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/settings"
+	"github.com/idemarchive/idemarchive/shared/tracing"
+)
+
+// Env is one function's execution environment.
+type Env struct {
+	Settings settings.Settings
+	Logger   *slog.Logger
+	Metrics  *metrics.Emitter
+	DB       *database.Lazy
+}
+
+// DefaultMaxConns is the pool size of a function: one invocation at a time
+// runs in an execution environment, so two connections are plenty.
+const DefaultMaxConns = 2
+
+// Load reads and validates the settings and prepares (without connecting)
+// everything a handler needs. Logs go to stderr as JSON; metric lines to
+// stdout. Neither ever carries the connection string.
+func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) (*Env, error) {
+	s, err := settings.FromEnv(getenv)
+	if err != nil {
+		return nil, fmt.Errorf("configuration: %w", err)
+	}
+	if getenv("DATABASE_MAX_CONNS") == "" {
+		s.Database.MaxConns = DefaultMaxConns
+	}
+	env := &Env{
+		Settings: s,
+		Logger:   slog.New(slog.NewJSONHandler(stderr, nil)),
+		Metrics:  metrics.New(stdout, s.MetricsNamespace),
+	}
+	var awsCfg *aws.Config
+	if s.Database.SecretARN != "" || s.Database.IAMAuth {
+		c, err := awsconfig.LoadDefaultConfig(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("load AWS configuration: %w", err)
+		}
+		tracing.InstrumentAWS(&c)
+		awsCfg = &c
+	}
+	if _, err := s.Database.PoolConfig(); err != nil {
+		return nil, fmt.Errorf("configuration: %w", err)
+	}
+	env.DB = database.NewLazy(func(ctx context.Context) (*pgxpool.Pool, error) {
+		return database.Open(ctx, s.Database, awsCfg)
+	})
+	return env, nil
+}
+
+// MustLoad is Load for main: on error it prints one line and exits, which
+// Lambda reports as an init error.
+func MustLoad() *Env {
+	env, err := Load(context.Background(), os.Getenv, os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "init:", err)
+		os.Exit(1)
+	}
+	return env
+}
+
+// Close releases the pool; it is the SIGTERM callback.
+func (e *Env) Close() { e.DB.Close() }
+
+// RequestID returns the Lambda request id of ctx, or "".
+func RequestID(ctx context.Context) string {
+	if lc, ok := lambdacontext.FromContext(ctx); ok {
+		return lc.AwsRequestID
+	}
+	return ""
+}
+
+// RequestLogger returns the logger with the invocation's request id.
+func (e *Env) RequestLogger(ctx context.Context) *slog.Logger {
+	return e.Logger.With("request_id", RequestID(ctx))
+}
+
+// DecodeInput decodes the options of a scheduled function into v. It accepts
+// an empty or null payload (no options), a direct JSON object of options, or
+// an EventBridge event whose "detail" holds the options (an empty detail, as
+// a plain schedule sends, means none). Unknown option names are errors, so a
+// misspelt override never passes silently.
+func DecodeInput(payload []byte, v any) error {
+	payload = bytes.TrimSpace(payload)
+	if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
+		return nil
+	}
+	var probe struct {
+		DetailType *string         `json:"detail-type"`
+		Detail     json.RawMessage `json:"detail"`
+	}
+	if err := json.Unmarshal(payload, &probe); err != nil {
+		return fmt.Errorf("payload is not a JSON object: %w", err)
+	}
+	if probe.DetailType != nil {
+		payload = bytes.TrimSpace(probe.Detail)
+		if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
+			return nil
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("invalid options: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,283 @@
+// Package lookupapi is the archive's query API, independent of how requests
+// arrive: the lookup Lambda adapts API Gateway events (HTTP API payload 2.0 and
+// REST proxy 1.0) into a Request, and direct lambda:Invoke payloads into a
+// DirectRequest.
+//
+// Routes (any path prefix, such as an API Gateway stage, is ignored):
+//
+//	GET .../v1/archive/keys/{scoped key, URL-encoded}?fingerprint=HEX
+//	GET .../v1/archive/lookup?scoped_key=KEY&fingerprint=HEX
+//	GET .../v1/archive/keys?scope_prefix=P&created_from=T&created_to=T&limit=N&cursor=C
+//
+// Answers are JSON; errors are application/problem+json (RFC 9457) with a
+// stable machine code. Every error kind maps to its status in one table
+// (problems); anything else is a 500 whose body says nothing about the cause,
+// logged with the request id.
+package lookupapi
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+)
+
+// Reader is what the API needs from the archive; *archive.Reader is one.
+type Reader interface {
+	Lookup(ctx context.Context, scopedKey string, fingerprint []byte) (archive.Record, error)
+	Investigate(ctx context.Context, q archive.Query) (archive.Page, error)
+}
+
+var _ Reader = (*archive.Reader)(nil)
+
+// Errors of the API itself; archive errors are mapped beside them.
+var (
+	ErrRouteNotFound    = errors.New("no such route")
+	ErrMethodNotAllowed = errors.New("method not allowed")
+	ErrBadRequest       = errors.New("bad request")
+)
+
+// Problem is an RFC 9457 problem details object with a stable code.
+type Problem struct {
+	Type      string `json:"type"`
+	Title     string `json:"title"`
+	Status    int    `json:"status"`
+	Code      string `json:"code"`
+	Detail    string `json:"detail,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// problems maps error kinds to status and code: the one table.
+var problems = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{archive.ErrNotFound, http.StatusNotFound, "key_not_found"},
+	{archive.ErrInvalidKey, http.StatusBadRequest, "invalid_key"},
+	{archive.ErrInvalidQuery, http.StatusBadRequest, "invalid_query"},
+	{archive.ErrInvalidCursor, http.StatusBadRequest, "invalid_cursor"},
+	{ErrBadRequest, http.StatusBadRequest, "bad_request"},
+	{ErrRouteNotFound, http.StatusNotFound, "route_not_found"},
+	{ErrMethodNotAllowed, http.StatusMethodNotAllowed, "method_not_allowed"},
+	{context.DeadlineExceeded, http.StatusServiceUnavailable, "timeout"},
+}
+
+// ProblemFor maps err to a Problem. Known kinds keep their message as the
+// detail (they describe the client's input); unknown errors are logged and
+// answered with a generic 500.
+func (a *API) ProblemFor(ctx context.Context, err error, requestID string) Problem {
+	for _, p := range problems {
+		if errors.Is(err, p.err) {
+			detail := err.Error()
+			if p.status >= 500 {
+				detail = ""
+			}
+			return newProblem(p.status, p.code, detail, requestID)
+		}
+	}
+	a.logger.ErrorContext(ctx, "lookup failed", "request_id", requestID, "error", err)
+	return newProblem(http.StatusInternalServerError, "internal_error", "", requestID)
+}
+
+func newProblem(status int, code, detail, requestID string) Problem {
+	return Problem{
+		Type:      "urn:idemarchive:problem:" + code,
+		Title:     http.StatusText(status),
+		Status:    status,
+		Code:      code,
+		Detail:    strings.TrimPrefix(detail, "archive: "),
+		RequestID: requestID,
+	}
+}
+
+// API answers archive queries.
+type API struct {
+	reader Reader
+	logger *slog.Logger
+}
+
+// New returns an API over reader. Errors that are not the client's fault are
+// logged on logger.
+func New(reader Reader, logger *slog.Logger) *API {
+	return &API{reader: reader, logger: logger}
+}
+
+// Request is an HTTP request reduced to what the routes read.
+type Request struct {
+	Method string
+	// Path is the decoded request path (percent-escapes already resolved).
+	Path      string
+	Query     map[string]string
+	RequestID string
+}
+
+// Response is an HTTP response.
+type Response struct {
+	Status  int
+	Headers map[string]string
+	Body    []byte
+}
+
+const (
+	keysRoute   = "/v1/archive/keys"
+	lookupRoute = "/v1/archive/lookup"
+)
+
+// Serve routes one HTTP request.
+func (a *API) Serve(ctx context.Context, r Request) Response {
+	v, err := a.route(ctx, r)
+	if err != nil {
+		return a.ErrorResponse(ctx, err, r.RequestID)
+	}
+	return jsonResponse(http.StatusOK, "application/json", v)
+}
+
+// ErrorResponse answers err as an application/problem+json response.
+func (a *API) ErrorResponse(ctx context.Context, err error, requestID string) Response {
+	p := a.ProblemFor(ctx, err, requestID)
+	resp := jsonResponse(p.Status, "application/problem+json", p)
+	if errors.Is(err, ErrMethodNotAllowed) {
+		resp.Headers["Allow"] = http.MethodGet
+	}
+	return resp
+}
+
+func (a *API) route(ctx context.Context, r Request) (any, error) {
+	i := strings.Index(r.Path, "/v1/archive/")
+	if i < 0 {
+		return nil, ErrRouteNotFound
+	}
+	rest := r.Path[i:]
+	var handler func() (any, error)
+	switch {
+	case strings.HasPrefix(rest, keysRoute+"/"):
+		key := strings.TrimPrefix(rest, keysRoute+"/")
+		handler = func() (any, error) { return a.lookup(ctx, key, r.Query["fingerprint"]) }
+	case rest == keysRoute:
+		handler = func() (any, error) { return a.investigate(ctx, r.Query) }
+	case rest == lookupRoute:
+		handler = func() (any, error) { return a.lookup(ctx, r.Query["scoped_key"], r.Query["fingerprint"]) }
+	default:
+		return nil, ErrRouteNotFound
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return nil, ErrMethodNotAllowed
+	}
+	return handler()
+}
+
+func (a *API) lookup(ctx context.Context, key, fingerprintHex string) (archive.Record, error) {
+	var fp []byte
+	if fingerprintHex != "" {
+		var err error
+		fp, err = hex.DecodeString(fingerprintHex)
+		if err != nil || len(fp) > 64 {
+			return archive.Record{}, badRequest("fingerprint must be hex (a SHA-256 is 64 hex digits)")
+		}
+	}
+	return a.reader.Lookup(ctx, key, fp)
+}
+
+func (a *API) investigate(ctx context.Context, q map[string]string) (archive.Page, error) {
+	query := archive.Query{ScopePrefix: q["scope_prefix"], Cursor: q["cursor"]}
+	var err error
+	if query.CreatedFrom, err = parseTime("created_from", q["created_from"]); err != nil {
+		return archive.Page{}, err
+	}
+	if query.CreatedTo, err = parseTime("created_to", q["created_to"]); err != nil {
+		return archive.Page{}, err
+	}
+	if l := q["limit"]; l != "" {
+		if query.Limit, err = strconv.Atoi(l); err != nil || query.Limit < 1 {
+			return archive.Page{}, badRequest("limit must be a positive whole number")
+		}
+	}
+	return a.reader.Investigate(ctx, query)
+}
+
+func parseTime(name, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, badRequest(name + " is required (RFC 3339, such as 2026-12-01T00:00:00Z)")
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, badRequest(name + " is not an RFC 3339 time such as 2026-12-01T00:00:00Z")
+	}
+	return t, nil
+}
+
+type requestError struct{ msg string }
+
+func (e requestError) Error() string        { return e.msg }
+func (e requestError) Is(target error) bool { return target == ErrBadRequest }
+
+func badRequest(msg string) error { return requestError{msg} }
+
+func jsonResponse(status int, contentType string, v any) Response {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"status":500,"code":"internal_error","title":"Internal Server Error"}`)
+	}
+	return Response{Status: status, Headers: map[string]string{"Content-Type": contentType}, Body: body}
+}
+
+// DirectRequest is the payload of a synchronous lambda:Invoke. A request
+// with Action "query" runs the investigation query; otherwise it looks up
+// ScopedKey.
+type DirectRequest struct {
+	Action      string `json:"action,omitempty"`
+	ScopedKey   string `json:"scoped_key,omitempty"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	ScopePrefix string `json:"scope_prefix,omitempty"`
+	CreatedFrom string `json:"created_from,omitempty"`
+	CreatedTo   string `json:"created_to,omitempty"`
+	Limit       int    `json:"limit,omitempty"`
+	Cursor      string `json:"cursor,omitempty"`
+}
+
+// DirectResponse answers a DirectRequest: Status as HTTP would, then exactly
+// one of Record, Page or Problem.
+type DirectResponse struct {
+	Status  int             `json:"status"`
+	Record  *archive.Record `json:"record,omitempty"`
+	Page    *archive.Page   `json:"page,omitempty"`
+	Problem *Problem        `json:"problem,omitempty"`
+}
+
+// Direct answers a direct invocation.
+func (a *API) Direct(ctx context.Context, r DirectRequest, requestID string) DirectResponse {
+	var err error
+	switch r.Action {
+	case "", "lookup":
+		var rec archive.Record
+		if rec, err = a.lookup(ctx, r.ScopedKey, r.Fingerprint); err == nil {
+			return DirectResponse{Status: http.StatusOK, Record: &rec}
+		}
+	case "query":
+		q := map[string]string{"scope_prefix": r.ScopePrefix, "created_from": r.CreatedFrom, "created_to": r.CreatedTo, "cursor": r.Cursor}
+		if r.Limit != 0 {
+			q["limit"] = strconv.Itoa(r.Limit)
+		}
+		var page archive.Page
+		if page, err = a.investigate(ctx, q); err == nil {
+			return DirectResponse{Status: http.StatusOK, Page: &page}
+		}
+	default:
+		err = badRequest(`action must be "lookup" or "query"`)
+	}
+	return a.DirectProblem(ctx, err, requestID)
+}
+
+// DirectProblem answers a direct invocation with the problem err maps to.
+func (a *API) DirectProblem(ctx context.Context, err error, requestID string) DirectResponse {
+	p := a.ProblemFor(ctx, err, requestID)
+	return DirectResponse{Status: p.Status, Problem: &p}
+}

@@ -1,0 +1,65 @@
+// Package tracing wraps units of work in AWS X-Ray subsegments. It is the only
+// package that imports the X-Ray SDK: that SDK reaches end of support on
+// 2027-02-25, and swapping it for OpenTelemetry must touch this file alone.
+//
+// Tracing is active only inside Lambda (LAMBDA_TASK_ROOT is set) for an
+// invocation that carries a trace header. Everywhere else — tests, the CLI,
+// a laptop — Span just calls the function: no X-Ray call, no log line, no
+// UDP packet.
+//
+//	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error { ... })
+package tracing
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-xray-sdk-go/instrumentation/awsv2"
+	"github.com/aws/aws-xray-sdk-go/strategy/ctxmissing"
+	"github.com/aws/aws-xray-sdk-go/xray"
+	"github.com/aws/aws-xray-sdk-go/xraylog"
+)
+
+var configureOnce sync.Once
+
+// inLambda reports whether the process runs as a Lambda function.
+func inLambda() bool { return os.Getenv(xray.LambdaTaskRootKey) != "" }
+
+func configure() {
+	configureOnce.Do(func() {
+		// A missing segment must never fail or log on a request path.
+		_ = xray.Configure(xray.Config{ContextMissingStrategy: ctxmissing.NewDefaultIgnoreErrorStrategy()})
+		xray.SetLogger(xraylog.NewDefaultLogger(os.Stderr, xraylog.LogLevelError))
+	})
+}
+
+// active reports whether ctx belongs to a traced Lambda invocation.
+func active(ctx context.Context) bool {
+	if !inLambda() {
+		return false
+	}
+	h, _ := ctx.Value(xray.LambdaTraceHeaderKey).(string)
+	return strings.Contains(h, "Root=")
+}
+
+// Span runs fn inside a subsegment called name, recording its error.
+func Span(ctx context.Context, name string, fn func(context.Context) error) error {
+	if !active(ctx) {
+		return fn(ctx)
+	}
+	configure()
+	return xray.Capture(ctx, name, fn)
+}
+
+// InstrumentAWS adds X-Ray subsegments around every AWS SDK call made with
+// cfg. Outside Lambda it leaves cfg untouched.
+func InstrumentAWS(cfg *aws.Config) {
+	if !inLambda() {
+		return
+	}
+	configure()
+	awsv2.AWSV2Instrumentor(&cfg.APIOptions)
+}
