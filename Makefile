@@ -15,7 +15,7 @@ help: ## List the targets
 
 .PHONY: test
 test: lint ## Run every test against a throwaway PostgreSQL (self-provisioning)
-	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
+	$(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
 
 .PHONY: lint
 lint: ## go vet and gofmt

@@ -7,6 +7,9 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +19,11 @@ import (
 	awslambda "github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/archiveclient"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/livestore"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
@@ -73,7 +80,7 @@ func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(resp.Body), &rec))
 		require.Equal(t, 201, rec.OriginalStatus)
 		require.Equal(t, "ch_probe", *rec.ResourceID)
-		require.False(t, *rec.FingerprintMatch, "the sample's fingerprint 00 is not the key's")
+		require.Nil(t, rec.FingerprintMatch, "the sample's fingerprint 00 is no digest: it proves nothing")
 	})
 	t.Run("REST proxy 1.0", func(t *testing.T) {
 		var resp events.APIGatewayProxyResponse
@@ -122,6 +129,45 @@ func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
 		require.Equal(t, 200, resp.Status)
 		require.Equal(t, 201, resp.Record.OriginalStatus)
 		require.True(t, *resp.Record.FingerprintMatch)
+	})
+	t.Run("middleware archive client through lambda:Invoke", func(t *testing.T) {
+		client := archiveclient.Lambda{FunctionName: "function", Client: awslambda.New(awslambda.Options{
+			Region: "eu-west-1", BaseEndpoint: aws.String(lookup.URL),
+			Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
+		})}
+		ctx := context.Background()
+		rec, err := client.Lookup(ctx, "idem:v1:probe", dbtest.Fingerprint("idem:v1:probe"))
+		require.NoError(t, err)
+		require.Equal(t, "ch_probe", *rec.ResourceID)
+		require.True(t, *rec.FingerprintMatch)
+		_, err = client.Lookup(ctx, "idem:v1:never", nil)
+		require.ErrorIs(t, err, archive.ErrNotFound)
+
+		// A service using it: the late retry is a 409 without a second charge.
+		dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:late", Status: 201, ExpiredAt: time.Now().Add(-time.Hour)})
+		_, err = db.Pool.Exec(ctx, "UPDATE idempotency_key_archive SET fingerprint = $1 WHERE scoped_key = 'idem:v1:late'",
+			idempotency.Fingerprint(http.MethodPost, "/v1/charges", []byte(`{}`)))
+		require.NoError(t, err)
+		mw, err := idempotency.New(idempotency.Config{Store: livestore.NewPostgres(db.Pool), Archive: client})
+		require.NoError(t, err)
+		charged := 0
+		srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { charged++ }))
+		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+		r.Header.Set(idempotency.HeaderKey, "late")
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, r)
+		require.Equal(t, 409, w.Code, w.Body.String())
+		require.Contains(t, w.Body.String(), `"idempotency_key_expired"`)
+		require.Zero(t, charged)
+
+		// An unreachable function is ErrUnavailable (the middleware fails closed).
+		down := archiveclient.Lambda{FunctionName: "function", Client: awslambda.New(awslambda.Options{
+			Region: "eu-west-1", BaseEndpoint: aws.String("http://127.0.0.1:1"),
+			Credentials:      credentials.NewStaticCredentialsProvider("test", "test", ""),
+			RetryMaxAttempts: 1,
+		})}
+		_, err = down.Lookup(ctx, "idem:v1:probe", nil)
+		require.ErrorIs(t, err, archiveclient.ErrUnavailable)
 	})
 	require.NotEmpty(t, testenv.Lines(lookup.Output.String(), `"idempotency_archive_lookup_duration_ms"`))
 }

@@ -107,7 +107,7 @@ func TestRunbookEndToEnd(t *testing.T) {
 	require.EqualValues(t, 201, rec["original_status"])
 	require.Equal(t, "ch_probe", rec["resource_id"])
 	require.Equal(t, true, rec["fingerprint_match"])
-	r = cli(t, db, nil, "lookup", "--fingerprint", "00", "idem:v1:probe")
+	r = cli(t, db, nil, "lookup", "--fingerprint", hex.EncodeToString(dbtest.Fingerprint("other")), "idem:v1:probe")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `"fingerprint_match": false`)
 	r = cli(t, db, nil, "lookup", "idem:v1:lost")

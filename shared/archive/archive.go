@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -114,7 +115,8 @@ type Record struct {
 	CreatedAt  time.Time `json:"created_at"`
 	ExpiredAt  time.Time `json:"expired_at"`
 	// FingerprintMatch says whether the fingerprint passed to Lookup equals the
-	// archived one; nil when none was passed.
+	// archived one: nil when none was passed, or when they differ but one of
+	// them is not a SHA-256 digest (so nothing is proven).
 	FingerprintMatch *bool `json:"fingerprint_match,omitempty"`
 }
 
@@ -177,11 +179,23 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	}
 	rec.Status = int(status)
 	rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
-	if fingerprint != nil {
-		match := bytes.Equal(fingerprint, archived)
-		rec.FingerprintMatch = &match
-	}
+	rec.FingerprintMatch = compareFingerprints(fingerprint, archived)
 	return rec, nil
+}
+
+// compareFingerprints says whether two fingerprints match: true when equal,
+// false when both are SHA-256 digests and differ, unknown (nil) otherwise — an
+// archived fingerprint that is not a digest (the runbook's probe stores
+// '\x00') cannot prove a request different.
+func compareFingerprints(given, archived []byte) *bool {
+	if given == nil {
+		return nil
+	}
+	match := bytes.Equal(given, archived)
+	if !match && (len(given) != sha256.Size || len(archived) != sha256.Size) {
+		return nil
+	}
+	return &match
 }
 
 // earliestExpiry bounds expired_at from below for keys with a timestamp.

@@ -86,9 +86,13 @@ func TestLookupAsTheReaderRole(t *testing.T) {
 	require.True(t, *rec.FingerprintMatch)
 	require.False(t, rec.InFlight())
 
-	rec, err = r.Lookup(ctx, "idem:v1:probe", []byte{0})
+	rec, err = r.Lookup(ctx, "idem:v1:probe", dbtest.Fingerprint("another request"))
 	require.NoError(t, err)
 	require.False(t, *rec.FingerprintMatch)
+
+	rec, err = r.Lookup(ctx, "idem:v1:probe", []byte{0})
+	require.NoError(t, err)
+	require.Nil(t, rec.FingerprintMatch, "a fingerprint that is not a digest proves nothing")
 
 	rec, err = r.Lookup(ctx, "idem:v1:probe", nil)
 	require.NoError(t, err)
@@ -109,7 +113,7 @@ func TestLookupAsTheReaderRole(t *testing.T) {
 
 	// Every lookup that reached the database emitted its duration.
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	require.Len(t, lines, 5)
+	require.Len(t, lines, 6)
 	var line map[string]any
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &line))
 	require.Contains(t, line, metrics.ArchiveLookupDurationMs)

@@ -15,7 +15,7 @@
 -- for it) must still leave the live table, or every later batch would select it
 -- again and the backlog would never drain.
 WITH expired AS MATERIALIZED (
-    SELECT scoped_key, fingerprint, state, status_code, response, created_at, expires_at
+    SELECT scoped_key, fingerprint, state, status_code, response, resource_id, created_at, expires_at
       FROM idempotency_keys
      WHERE expires_at < now()
      ORDER BY expires_at
@@ -29,8 +29,10 @@ archived AS (
            fingerprint,
            -- 0 marks a key that expired while still in flight.
            CASE WHEN state = 'completed' THEN status_code ELSE 0 END,
-           -- A missing or non-string id is NULL, never an error.
-           CASE WHEN jsonb_typeof(response #> $2::text[]) = 'string' THEN response #>> $2::text[] END,
+           -- The id recorded at completion, else the one at the JSON path;
+           -- a missing or non-string id is NULL, never an error.
+           COALESCE(resource_id,
+                    CASE WHEN jsonb_typeof(response #> $2::text[]) = 'string' THEN response #>> $2::text[] END),
            created_at,
            expires_at
       FROM expired

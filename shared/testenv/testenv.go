@@ -9,6 +9,8 @@ package testenv
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/emulator"
@@ -179,4 +182,27 @@ func Lines(s, sub string) []string {
 		}
 	}
 	return out
+}
+
+// Redis returns a client for REDIS_URL (make test starts a throwaway
+// redis-server) and a key prefix of the test's own, or fails the test with a
+// message that says how to get one.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	u := os.Getenv("REDIS_URL")
+	if u == "" {
+		t.Fatal("REDIS_URL is not set: run the tests with `make test`, which starts a throwaway redis-server, or point REDIS_URL at one")
+	}
+	opts, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatalf("parse REDIS_URL: %v", err)
+	}
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	if err := client.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("ping redis at REDIS_URL: %v", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return client, "test:" + hex.EncodeToString(b[:]) + ":"
 }

@@ -1,0 +1,78 @@
+// Package archiveclient reaches the archive through the lookup Lambda
+// function, for API services that have no database route to the archive: it
+// invokes the function synchronously (RequestResponse) with the direct payload
+// and maps the answer back to archive.Record or archive.ErrNotFound.
+//
+//	client := archiveclient.Lambda{Client: lambda.NewFromConfig(awsCfg), FunctionName: "idemarchive-lookup"}
+//	mw, _ := idempotency.New(idempotency.Config{Store: store, Archive: client})
+//
+// The middleware's ArchiveTimeout bounds each call through its context.
+package archiveclient
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/lambda"
+	"github.com/aws/aws-sdk-go-v2/service/lambda/types"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/lookupapi"
+)
+
+// Invoker is the part of the Lambda client this package uses.
+type Invoker interface {
+	Invoke(ctx context.Context, in *lambda.InvokeInput, opts ...func(*lambda.Options)) (*lambda.InvokeOutput, error)
+}
+
+var _ Invoker = (*lambda.Client)(nil)
+
+// ErrUnavailable wraps every failure to get an answer from the function.
+var ErrUnavailable = errors.New("archive lookup function unavailable")
+
+// Lambda looks keys up through the lookup function.
+type Lambda struct {
+	Client       Invoker
+	FunctionName string
+}
+
+// Lookup invokes the function for scopedKey.
+func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte) (archive.Record, error) {
+	req := lookupapi.DirectRequest{ScopedKey: scopedKey}
+	if fingerprint != nil {
+		req.Fingerprint = hex.EncodeToString(fingerprint)
+	}
+	payload, err := json.Marshal(req)
+	if err != nil {
+		return archive.Record{}, err
+	}
+	out, err := l.Client.Invoke(ctx, &lambda.InvokeInput{
+		FunctionName:   aws.String(l.FunctionName),
+		InvocationType: types.InvocationTypeRequestResponse,
+		Payload:        payload,
+	})
+	if err != nil {
+		return archive.Record{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if out.FunctionError != nil {
+		return archive.Record{}, fmt.Errorf("%w: function error %s: %s", ErrUnavailable, *out.FunctionError, out.Payload)
+	}
+	var resp lookupapi.DirectResponse
+	if err := json.Unmarshal(out.Payload, &resp); err != nil {
+		return archive.Record{}, fmt.Errorf("%w: unreadable answer: %w", ErrUnavailable, err)
+	}
+	switch {
+	case resp.Status == http.StatusOK && resp.Record != nil:
+		return *resp.Record, nil
+	case resp.Status == http.StatusNotFound && resp.Problem != nil && resp.Problem.Code == "key_not_found":
+		return archive.Record{}, archive.ErrNotFound
+	case resp.Problem != nil && resp.Status < 500:
+		return archive.Record{}, fmt.Errorf("archive lookup rejected the key: %s: %s", resp.Problem.Code, resp.Problem.Detail)
+	}
+	return archive.Record{}, fmt.Errorf("%w: status %d", ErrUnavailable, resp.Status)
+}

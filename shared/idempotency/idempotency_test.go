@@ -1,0 +1,426 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/livestore"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/testenv"
+)
+
+// charges is a handler that counts its executions and creates a charge.
+type charges struct {
+	calls   atomic.Int32
+	status  int           // answer with this status (default 201)
+	block   chan struct{} // when set, wait for it before answering
+	panics  bool
+	started chan struct{}
+}
+
+func (c *charges) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := c.calls.Add(1)
+	if c.started != nil {
+		c.started <- struct{}{}
+	}
+	if c.block != nil {
+		<-c.block
+	}
+	if c.panics {
+		panic("handler bug")
+	}
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(max(c.status, 201))
+	fmt.Fprintf(w, `{"id":"ch_%d","request":%s}`, n, body)
+}
+
+type bundle struct {
+	db      *dbtest.DB
+	store   idempotency.Store
+	reader  *archive.Reader
+	metrics *bytes.Buffer
+	redis   *redis.Client
+}
+
+type storeKind string
+
+const (
+	pg  storeKind = "postgres"
+	rds storeKind = "redis"
+)
+
+func setup(t *testing.T, kind storeKind) bundle {
+	t.Helper()
+	db := dbtest.New(t)
+	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
+	require.NoError(t, err)
+	_, err = m.Run(context.Background(), false)
+	require.NoError(t, err)
+	_, err = m.EnsureMonth(context.Background(), time.Now().AddDate(0, -1, 0))
+	require.NoError(t, err)
+	reader, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	b := bundle{db: db, reader: reader, metrics: &bytes.Buffer{}}
+	switch kind {
+	case pg:
+		b.store = livestore.NewPostgres(db.Pool)
+	case rds:
+		client, prefix := testenv.Redis(t)
+		b.redis = client
+		b.store = livestore.NewRedis(client, db.Pool, prefix)
+	}
+	return b
+}
+
+func (b bundle) middleware(t *testing.T, cfg idempotency.Config) *idempotency.Middleware {
+	t.Helper()
+	cfg.Store = b.store
+	if cfg.Archive == nil {
+		cfg.Archive = b.reader
+	}
+	cfg.Metrics = metrics.New(b.metrics, "Test")
+	mw, err := idempotency.New(cfg)
+	require.NoError(t, err)
+	return mw
+}
+
+func post(h http.Handler, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
+	if key != "" {
+		r.Header.Set(idempotency.HeaderKey, key)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func problemOf(t *testing.T, w *httptest.ResponseRecorder) map[string]any {
+	t.Helper()
+	require.Equal(t, "application/problem+json", w.Header().Get("Content-Type"), w.Body.String())
+	var p map[string]any
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
+	return p
+}
+
+func forEachStore(t *testing.T, fn func(t *testing.T, b bundle)) {
+	for _, kind := range []storeKind{pg, rds} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			fn(t, setup(t, kind))
+		})
+	}
+}
+
+func TestReplayConflictAndReuse(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		h := &charges{}
+		srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+
+		first := post(srv, "k-1", `{"amount":4500}`)
+		require.Equal(t, 201, first.Code)
+		require.Equal(t, "86400", first.Header().Get(idempotency.HeaderTTL), "the live window is published")
+		require.Empty(t, first.Header().Get(idempotency.HeaderReplayed))
+
+		again := post(srv, "k-1", `{"amount":4500}`)
+		require.Equal(t, 201, again.Code)
+		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed))
+		require.Equal(t, "application/json", again.Header().Get("Content-Type"))
+		require.JSONEq(t, first.Body.String(), again.Body.String())
+		require.EqualValues(t, 1, h.calls.Load(), "a replay does not run the handler")
+
+		reused := post(srv, "k-1", `{"amount":9900}`)
+		require.Equal(t, 422, reused.Code)
+		require.Equal(t, "idempotency_key_reused", problemOf(t, reused)["code"])
+
+		other := post(srv, "k-2", `{"amount":4500}`)
+		require.Equal(t, 201, other.Code)
+		require.EqualValues(t, 2, h.calls.Load())
+	})
+}
+
+func TestKeyValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := &charges{}
+	required := b.middleware(t, idempotency.Config{Required: true}).Wrap(h)
+	optional := b.middleware(t, idempotency.Config{}).Wrap(h)
+
+	w := post(required, "", `{}`)
+	require.Equal(t, 400, w.Code)
+	require.Equal(t, "idempotency_key_missing", problemOf(t, w)["code"])
+	require.Equal(t, 201, post(optional, "", `{}`).Code, "without Required, no key passes through")
+
+	for name, key := range map[string]string{
+		"too long":     strings.Repeat("k", 256),
+		"control char": "abc\x01def",
+		"tab":          "abc\tdef",
+	} {
+		w := post(required, key, `{}`)
+		require.Equal(t, 400, w.Code, name)
+		require.Equal(t, "idempotency_key_invalid", problemOf(t, w)["code"], name)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+	r.Header.Set(idempotency.HeaderKey, "")
+	w = httptest.NewRecorder()
+	required.ServeHTTP(w, r)
+	require.Equal(t, 400, w.Code, "an empty key")
+	require.Equal(t, 201, post(required, strings.Repeat("k", 255), `{}`).Code, "255 bytes is fine")
+	require.Equal(t, 201, post(required, "a key: with/odd %chars", `{}`).Code)
+}
+
+func TestInFlightServerErrorsAndPanicsRelease(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		mw := b.middleware(t, idempotency.Config{})
+
+		// In flight: 409 with Retry-After.
+		slow := &charges{block: make(chan struct{}), started: make(chan struct{}, 1)}
+		srv := mw.Wrap(slow)
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- post(srv, "slow", `{}`) }()
+		<-slow.started
+		w := post(srv, "slow", `{}`)
+		require.Equal(t, 409, w.Code)
+		require.Equal(t, "idempotency_key_in_flight", problemOf(t, w)["code"])
+		require.Equal(t, "1", w.Header().Get("Retry-After"))
+		close(slow.block)
+		require.Equal(t, 201, (<-done).Code)
+
+		// A 5xx releases the key: the retry runs the handler again.
+		failing := &charges{status: 503}
+		require.Equal(t, 503, post(mw.Wrap(failing), "flaky", `{}`).Code)
+		require.Equal(t, 201, post(mw.Wrap(&charges{}), "flaky", `{}`).Code)
+
+		// A panic releases the key too, and still panics to the server.
+		require.Panics(t, func() { post(mw.Wrap(&charges{panics: true}), "boom", `{}`) })
+		require.Equal(t, 201, post(mw.Wrap(&charges{}), "boom", `{}`).Code)
+	})
+}
+
+func TestConcurrentRequestsRunTheHandlerOnce(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		h := &charges{}
+		srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+		const n = 24
+		codes := make([]int, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				codes[i] = post(srv, "same-key", `{"amount":1}`).Code
+			}()
+		}
+		close(start)
+		wg.Wait()
+		require.EqualValues(t, 1, h.calls.Load(), "exactly one execution")
+		for _, c := range codes {
+			require.Contains(t, []int{201, 409}, c)
+		}
+		require.Equal(t, 201, post(srv, "same-key", `{"amount":1}`).Code)
+		require.EqualValues(t, 1, h.calls.Load())
+	})
+}
+
+func TestLateRetryIsAnsweredFromTheArchive(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		ctx := context.Background()
+		// The runbook's probe: archived 6 hours ago, never live here.
+		_, err := b.db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive
+			(scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+			VALUES ('idem:v1:probe', '\x00', 201, 'ch_probe', now() - interval '30 hours', now() - interval '6 hours')`)
+		require.NoError(t, err)
+		h := &charges{}
+		srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+
+		w := post(srv, "probe", `{"amount":4500,"currency":"gbp"}`)
+		require.Equal(t, 409, w.Code)
+		p := problemOf(t, w)
+		// The probe's archived fingerprint is \x00, not this request's: the
+		// runbook expects idempotency_key_expired regardless, so a mismatch
+		// against a fingerprint that is not a SHA-256 is not called reuse.
+		require.Equal(t, "idempotency_key_expired", p["code"], p)
+		require.EqualValues(t, 201, p["original_status"])
+		require.Equal(t, "ch_probe", p["resource_id"])
+		require.Contains(t, p, "created_at")
+		require.Contains(t, p, "expired_at")
+		require.Contains(t, p["detail"], "first used at")
+		require.Zero(t, h.calls.Load(), "a late retry never runs the handler")
+		require.Contains(t, b.metrics.String(), `"idempotency_expired_replay_total":1`)
+
+		// The speculative registration was undone.
+		_, fresh, err := b.store.Register(ctx, "idem:v1:probe", dbtest.Fingerprint("x"), time.Minute)
+		require.NoError(t, err)
+		require.True(t, fresh)
+	})
+}
+
+func TestArchivedKeyWithADifferentBodyIs422(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	fp := idempotency.Fingerprint(http.MethodPost, "/v1/charges", []byte(`{"amount":4500}`))
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO idempotency_key_archive
+		(scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:old', $1, 201, 'ch_old', now() - interval '30 hours', now() - interval '6 hours')`, fp)
+	require.NoError(t, err)
+	srv := b.middleware(t, idempotency.Config{}).Wrap(&charges{})
+	require.Equal(t, 409, post(srv, "old", `{"amount":4500}`).Code)
+	w := post(srv, "old", `{"amount":9900}`)
+	require.Equal(t, 422, w.Code)
+	require.Equal(t, "idempotency_key_reused", problemOf(t, w)["code"])
+}
+
+// failingArchive is an archive that cannot be reached.
+type failingArchive struct{ calls atomic.Int32 }
+
+func (f *failingArchive) Lookup(context.Context, string, []byte) (archive.Record, error) {
+	f.calls.Add(1)
+	return archive.Record{}, errors.New("connection refused")
+}
+
+func TestArchiveUnavailable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := &charges{}
+	closed := b.middleware(t, idempotency.Config{Archive: &failingArchive{}}).Wrap(h)
+	w := post(closed, "k", `{}`)
+	require.Equal(t, 503, w.Code)
+	require.Equal(t, "archive_unavailable", problemOf(t, w)["code"])
+	require.Zero(t, h.calls.Load(), "fail closed: no charge without knowing")
+
+	open := b.middleware(t, idempotency.Config{Archive: &failingArchive{}, OnArchiveError: idempotency.FailOpen}).Wrap(h)
+	require.Equal(t, 201, post(open, "k", `{}`).Code, "the key was released by the closed failure")
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
+func TestSkipRuleSparesTheArchiveForFreshULIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	arch := &failingArchive{}
+	srv := b.middleware(t, idempotency.Config{Archive: arch}).Wrap(&charges{})
+	// A ULID minted now cannot be in the archive: no lookup, so no 503.
+	ms := uint64(time.Now().UnixMilli())
+	const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+	var ulid strings.Builder
+	for i := 9; i >= 0; i-- {
+		ulid.WriteByte(crockford[(ms>>(5*uint(i)))&31])
+	}
+	ulid.WriteString("ABCDEFGHJKMNPQRS")
+	require.Equal(t, 201, post(srv, ulid.String(), `{}`).Code)
+	require.Zero(t, arch.calls.Load())
+	// A key without a timestamp is always looked up.
+	require.Equal(t, 503, post(srv, "plain-key", `{}`).Code)
+	require.EqualValues(t, 1, arch.calls.Load())
+}
+
+func TestExpiredButUnsweptLiveKeyIs409Expired(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
+	require.Equal(t, 201, post(srv, "k", `{}`).Code)
+	_, err := b.db.Pool.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - interval '2 hours', expires_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	w := post(srv, "k", `{}`)
+	require.Equal(t, 409, w.Code)
+	p := problemOf(t, w)
+	require.Equal(t, "idempotency_key_expired", p["code"])
+	require.Equal(t, "ch_1", p["resource_id"])
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
+func TestTenantsNeverCollide(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := &charges{}
+	mw := b.middleware(t, idempotency.Config{Tenant: func(r *http.Request) string { return r.Header.Get("X-Tenant") }})
+	srv := mw.Wrap(h)
+	send := func(tenant string) int {
+		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+		r.Header.Set(idempotency.HeaderKey, "shared")
+		r.Header.Set("X-Tenant", tenant)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, r)
+		return w.Code
+	}
+	require.Equal(t, 201, send("acme"))
+	require.Equal(t, 201, send("acme:shared"))
+	require.Equal(t, 201, send("globex"))
+	require.EqualValues(t, 3, h.calls.Load())
+	require.Equal(t, "idem:v1t:acme%3Ashared:k", idempotency.ScopedKey("acme:shared", "k"))
+	require.Equal(t, "idem:v1:probe", idempotency.ScopedKey("", "probe"))
+}
+
+// The Redis store writes the archive row before it marks the key completed:
+// a crash between the two must leave an archive row behind, never a
+// completed key without one.
+func TestRedisArchivesBeforeCompleting(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	ctx := context.Background()
+	srv := b.middleware(t, idempotency.Config{}).Wrap(&charges{})
+	require.Equal(t, 201, post(srv, "done", `{}`).Code)
+	rec, err := b.reader.Lookup(ctx, "idem:v1:done", nil)
+	require.NoError(t, err, "archived at completion")
+	require.Equal(t, 201, rec.Status)
+	require.Equal(t, "ch_1", *rec.ResourceID)
+	require.WithinDuration(t, time.Now().Add(24*time.Hour), rec.ExpiredAt, time.Minute, "expired_at is the key's end of window")
+
+	// Crash between the writes: the Redis completion never happens.
+	b.redis.AddHook(failCompletion{})
+	h := &charges{}
+	crashing := b.middleware(t, idempotency.Config{}).Wrap(h)
+	require.Equal(t, 201, post(crashing, "crash", `{}`).Code, "the client still gets its answer")
+	rec, err = b.reader.Lookup(ctx, "idem:v1:crash", nil)
+	require.NoError(t, err, "the archive row exists although the completion was lost")
+	require.Equal(t, 201, rec.Status)
+	w := post(crashing, "crash", `{}`)
+	require.Equal(t, 409, w.Code)
+	require.Equal(t, "idempotency_key_in_flight", problemOf(t, w)["code"], "retries wait, they never run again")
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
+// failCompletion makes the Redis completion script fail, as a crash would.
+type failCompletion struct{}
+
+func (failCompletion) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (failCompletion) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, "'completed'") {
+				return errors.New("connection reset by peer")
+			}
+		}
+		if strings.HasPrefix(strings.ToLower(cmd.Name()), "evalsha") && len(cmd.Args()) > 9 {
+			return errors.New("connection reset by peer")
+		}
+		return next(ctx, cmd)
+	}
+}
+func (failCompletion) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}

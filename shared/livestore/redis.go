@@ -1,0 +1,145 @@
+package livestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemarchive/idemarchive/shared/idempotency"
+)
+
+// Redis keeps live keys in Redis hashes that expire with the key's window.
+//
+// Redis cannot be swept (keyspace notifications are best effort and are
+// dropped when a client is slow), so the archive row is written at completion,
+// when the record becomes immutable. The archive row is written first and the
+// Redis entry marked completed second: a crash between the two leaves the key
+// in flight in Redis until it expires — retries get 409 in flight, then 409
+// expired from the archive — and never a completed key without an archive row.
+// A key that expires while still in flight is not archived.
+type Redis struct {
+	client  *redis.Client
+	archive *pgxpool.Pool
+	prefix  string
+	now     func() time.Time
+}
+
+var _ idempotency.Store = (*Redis)(nil)
+
+// NewRedis returns a store keeping entries under prefix+scoped key in client,
+// and writing archive rows through archivePool (whose role needs INSERT on
+// idempotency_key_archive, as idempotency_sweeper has).
+func NewRedis(client *redis.Client, archivePool *pgxpool.Pool, prefix string) *Redis {
+	return &Redis{client: client, archive: archivePool, prefix: prefix, now: time.Now}
+}
+
+// Hash fields: fp, state, status, body, ct, rid, has_rid, created, expires
+// (Unix milliseconds).
+var (
+	redisRegister = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.call('HGETALL', KEYS[1])
+end
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'in_flight', 'created', ARGV[2], 'expires', ARGV[3])
+redis.call('PEXPIREAT', KEYS[1], ARGV[3])
+return false`)
+
+	redisComplete = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'state') ~= 'in_flight' or redis.call('HGET', KEYS[1], 'fp') ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'body', ARGV[3], 'ct', ARGV[4], 'rid', ARGV[5], 'has_rid', ARGV[6])
+return 1`)
+
+	redisRelease = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'state') == 'in_flight' and redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0`)
+)
+
+// Register creates the in-flight hash atomically unless the key exists.
+func (s *Redis) Register(ctx context.Context, key string, fp []byte, ttl time.Duration) (idempotency.Entry, bool, error) {
+	now := s.now()
+	created, expires := now.UnixMilli(), now.Add(ttl).UnixMilli()
+	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + key}, fp, created, expires).Result()
+	if errors.Is(err, redis.Nil) {
+		return idempotency.Entry{Fingerprint: fp, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}, true, nil
+	}
+	if err != nil {
+		return idempotency.Entry{}, false, fmt.Errorf("register idempotency key: %w", err)
+	}
+	fields, ok := res.([]any)
+	if !ok {
+		return idempotency.Entry{}, false, fmt.Errorf("register idempotency key: unexpected reply %T", res)
+	}
+	h := map[string]string{}
+	for i := 0; i+1 < len(fields); i += 2 {
+		k, _ := fields[i].(string)
+		v, _ := fields[i+1].(string)
+		h[k] = v
+	}
+	return entryFromHash(h), false, nil
+}
+
+func entryFromHash(h map[string]string) idempotency.Entry {
+	e := idempotency.Entry{Fingerprint: []byte(h["fp"]), ContentType: h["ct"]}
+	if h["state"] == "completed" {
+		e.State = idempotency.Completed
+		e.Status, _ = strconv.Atoi(h["status"])
+		e.Body = []byte(h["body"])
+	}
+	if h["has_rid"] == "1" {
+		rid := h["rid"]
+		e.ResourceID = &rid
+	}
+	created, _ := strconv.ParseInt(h["created"], 10, 64)
+	expires, _ := strconv.ParseInt(h["expires"], 10, 64)
+	e.CreatedAt, e.ExpiresAt = time.UnixMilli(created).UTC(), time.UnixMilli(expires).UTC()
+	return e
+}
+
+const redisArchiveSQL = `
+INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (scoped_key, expired_at) DO NOTHING`
+
+// Complete writes the archive row, then marks the hash completed (see Redis).
+func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completion) error {
+	h, err := s.client.HGetAll(ctx, s.prefix+key).Result()
+	if err != nil {
+		return fmt.Errorf("complete idempotency key: %w", err)
+	}
+	e := entryFromHash(h)
+	if len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) {
+		return ErrNotInFlight
+	}
+	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt); err != nil {
+		return fmt.Errorf("archive idempotency key at completion: %w", err)
+	}
+	rid, hasRID := "", "0"
+	if c.ResourceID != nil {
+		rid, hasRID = *c.ResourceID, "1"
+	}
+	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID).Int()
+	if err != nil {
+		return fmt.Errorf("complete idempotency key: %w", err)
+	}
+	if n == 0 {
+		return ErrNotInFlight
+	}
+	return nil
+}
+
+// Release deletes the in-flight hash this request registered.
+func (s *Redis) Release(ctx context.Context, key string, fp []byte) error {
+	if err := redisRelease.Run(ctx, s.client, []string{s.prefix + key}, fp).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("release idempotency key: %w", err)
+	}
+	return nil
+}
