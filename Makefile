@@ -13,9 +13,14 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
+.PHONY: demo
+demo: build-local-sweep build-local-partitions archivectl bin/charges bin/demo $(RIE) ## The runbook end to end: API, expiry, sweep under the Lambda emulator, late retry 409
+	@WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bin/demo
+
 .PHONY: test
-test: lint ## Run every test against a throwaway PostgreSQL (self-provisioning)
+test: lint ## Every test against throwaway PostgreSQL and Redis (self-provisioning), then the demo
 	$(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
+	$(MAKE) --no-print-directory demo
 
 .PHONY: lint
 lint: ## go vet and gofmt
@@ -61,6 +66,21 @@ invoke: build-local-$(FN) bin/lambdalocal archivectl $(RIE) ## Run a real bootst
 .PHONY: sam-template
 sam-template: build bin/lambdalocal ## Write bin/sam/template.json for sam local invoke (needs docker)
 	bin/lambdalocal template -o bin/sam/template.json -code-dir ..
+
+.PHONY: dev
+dev: archivectl bin/charges ## Throwaway Postgres, migrated and partitioned, and the charges API on :8080
+	@WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bash -c 'set -e; bin/archivectl migrate >/dev/null; bin/archivectl partitions >/dev/null; \
+		port=$${DATABASE_URL##*:}; port=$${port%%/*}; \
+		echo; echo "PostgreSQL: psql \"$$DATABASE_URL\""; \
+		echo "For the runbook verbatim, in another shell: export PGHOST=127.0.0.1 PGPORT=$$port PGUSER=postgres PGDATABASE=postgres"; \
+		echo "Charges API: http://localhost:8080/v1/charges (Ctrl-C stops everything)"; echo; \
+		ADDR=$${ADDR:-:8080} bin/charges'
+
+.PHONY: bin/charges bin/demo
+bin/charges:
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/charges ./examples/charges
+bin/demo:
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/demo ./examples/demo
 
 .PHONY: archivectl
 archivectl: ## Build the operator CLI into bin/archivectl

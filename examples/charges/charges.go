@@ -1,0 +1,85 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Charge is the demo's resource.
+type Charge struct {
+	ID       string `json:"id"`
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+	Status   string `json:"status"`
+	Created  int64  `json:"created"`
+}
+
+// charges is an in-memory charges API: POST creates, GET reads back.
+type charges struct {
+	mu   sync.Mutex
+	byID map[string]Charge
+}
+
+func newCharges() *charges { return &charges{byID: map[string]Charge{}} }
+
+var currencyRE = regexp.MustCompile(`^[a-z]{3}$`)
+
+func (c *charges) create(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Amount   int64  `json:"amount"`
+		Currency string `json:"currency"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		problem(w, http.StatusBadRequest, "invalid_json", "the body must be a JSON object with amount and currency")
+		return
+	}
+	in.Currency = strings.ToLower(in.Currency)
+	if in.Amount <= 0 {
+		problem(w, http.StatusBadRequest, "invalid_amount", "amount must be a positive whole number of minor units")
+		return
+	}
+	if !currencyRE.MatchString(in.Currency) {
+		problem(w, http.StatusBadRequest, "invalid_currency", "currency must be a three-letter ISO 4217 code")
+		return
+	}
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	ch := Charge{ID: "ch_" + hex.EncodeToString(b[:]), Amount: in.Amount, Currency: in.Currency, Status: "succeeded", Created: time.Now().Unix()}
+	c.mu.Lock()
+	c.byID[ch.ID] = ch
+	c.mu.Unlock()
+	writeJSON(w, http.StatusCreated, ch)
+}
+
+func (c *charges) get(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	ch, ok := c.byID[r.PathValue("id")]
+	c.mu.Unlock()
+	if !ok {
+		problem(w, http.StatusNotFound, "charge_not_found", "no charge with this id")
+		return
+	}
+	writeJSON(w, http.StatusOK, ch)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func problem(w http.ResponseWriter, status int, code, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"type": "urn:idemarchive:problem:" + code, "title": http.StatusText(status), "status": status, "code": code, "detail": detail,
+	})
+}

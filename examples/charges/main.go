@@ -1,0 +1,96 @@
+// Command charges is a small charges API on :8080 behind the idempotency
+// middleware with the Postgres live store and the archive read directly:
+//
+//	POST /v1/charges {"amount": 4500, "currency": "gbp"}   (Idempotency-Key required)
+//	GET  /v1/charges/{id}
+//
+// It reads DATABASE_URL and the configuration variables of the README
+// (LIVE_TTL, CLOCK_SKEW, SKIP_MARGIN, METRICS_NAMESPACE...), and ADDR
+// (default :8080). EMF metric lines go to stdout, logs to stderr.
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/database"
+	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/livestore"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/settings"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "charges:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, getenv func(string) string) error {
+	s, err := settings.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	pool, err := database.Open(ctx, s.Database, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	emitter := metrics.New(os.Stdout, s.MetricsNamespace)
+	reader, err := archive.NewReader(pool, s.Archive, emitter)
+	if err != nil {
+		return err
+	}
+	arch := s.Archive.WithDefaults()
+	mw, err := idempotency.New(idempotency.Config{
+		Store:      livestore.NewPostgres(pool),
+		Archive:    reader,
+		LiveTTL:    arch.LiveTTL,
+		ClockSkew:  arch.ClockSkew,
+		SkipMargin: arch.SkipMargin,
+		Required:   true,
+		Metrics:    emitter,
+		Logger:     logger,
+	})
+	if err != nil {
+		return err
+	}
+	c := newCharges()
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", mw.Wrap(http.HandlerFunc(c.create)))
+	mux.HandleFunc("GET /v1/charges/{id}", c.get)
+
+	ln, err := net.Listen("tcp", cmp.Or(getenv("ADDR"), ":8080"))
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	logger.Info("charges API listening", "addr", ln.Addr().String(), "live_ttl", arch.LiveTTL.String())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
