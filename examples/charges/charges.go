@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +59,17 @@ func (c *charges) create(w http.ResponseWriter, r *http.Request) {
 	c.byID[ch.ID] = ch
 	c.mu.Unlock()
 	writeJSON(w, http.StatusCreated, ch)
+}
+
+func (c *charges) list(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	out := make([]Charge, 0, len(c.byID))
+	for _, ch := range c.byID {
+		out = append(out, ch)
+	}
+	c.mu.Unlock()
+	slices.SortFunc(out, func(a, b Charge) int { return cmp.Compare(a.ID, b.ID) })
+	writeJSON(w, http.StatusOK, map[string]any{"data": out})
 }
 
 func (c *charges) get(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@
 //
 //	POST /v1/charges {"amount": 4500, "currency": "gbp"}   (Idempotency-Key required)
 //	GET  /v1/charges/{id}
+//	GET  /v1/charges
 //
 // It reads DATABASE_URL and the configuration variables of the README
 // (LIVE_TTL, CLOCK_SKEW, SKIP_MARGIN, METRICS_NAMESPACE...), and ADDR
@@ -72,6 +73,7 @@ func run(ctx context.Context, getenv func(string) string) error {
 	c := newCharges()
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", mw.Wrap(http.HandlerFunc(c.create)))
+	mux.HandleFunc("GET /v1/charges", c.list)
 	mux.HandleFunc("GET /v1/charges/{id}", c.get)
 
 	ln, err := net.Listen("tcp", cmp.Or(getenv("ADDR"), ":8080"))

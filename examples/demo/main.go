@@ -165,7 +165,7 @@ func (d *demo) steps(ctx context.Context) bool {
 	// 6. A late retry: 409 with the original resource id, no second charge.
 	status, _, resp, err = d.post(ctx, "demo-order-1", bodies[0])
 	ok := err == nil && status == http.StatusConflict && str(resp, "code") == "idempotency_key_expired" && str(resp, "resource_id") == ids[0]
-	d.check(ok, "a late retry got 409 idempotency_key_expired with the original resource id, and was not charged again",
+	d.check(ok, "a late retry got 409 idempotency_key_expired with the original resource id",
 		summary(ok, resp, fmt.Sprintf("resource_id %s, first used %s, expired %s", str(resp, "resource_id"), str(resp, "created_at"), str(resp, "expired_at"))))
 	got, err := d.get(ctx, "/v1/charges/"+str(resp, "resource_id"))
 	d.check(err == nil && str(got, "id") == ids[0], "the client reconciles: GET /v1/charges/{resource_id} returns the original charge", "")
@@ -174,6 +174,12 @@ func (d *demo) steps(ctx context.Context) bool {
 	status, _, resp, err = d.post(ctx, "demo-order-2", `{"amount":5000,"currency":"eur"}`)
 	ok = err == nil && status == http.StatusUnprocessableEntity && str(resp, "code") == "idempotency_key_reused"
 	d.check(ok, "a late retry with a changed body got 422 idempotency_key_reused", summary(ok, resp, ""))
+
+	// No retry ran the handler again.
+	var all struct{ Data []json.RawMessage }
+	list, err := d.get(ctx, "/v1/charges")
+	d.check(err == nil && json.Unmarshal(list, &all) == nil && len(all.Data) == len(ids),
+		fmt.Sprintf("the API holds %d charges: no retry charged twice", len(all.Data)), "")
 
 	// 8. The runbook's probe, verbatim in substance: INSERT, then POST.
 	if err := d.insertProbe(ctx); err != nil {

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCreateValidatesAndReadsBack(t *testing.T) {
+	t.Parallel()
+	c := newCharges()
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/charges", c.create)
+	mux.HandleFunc("GET /v1/charges", c.list)
+	mux.HandleFunc("GET /v1/charges/{id}", c.get)
+	do := func(method, path, body string) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest(method, path, strings.NewReader(body)))
+		return w
+	}
+
+	for body, code := range map[string]string{
+		`not json`:                            "invalid_json",
+		`{"amount":1,"currency":"gbp","x":1}`: "invalid_json",
+		`{"amount":0,"currency":"gbp"}`:       "invalid_amount",
+		`{"amount":-5,"currency":"gbp"}`:      "invalid_amount",
+		`{"amount":100,"currency":"pounds"}`:  "invalid_currency",
+		`{"amount":100}`:                      "invalid_currency",
+	} {
+		w := do("POST", "/v1/charges", body)
+		require.Equal(t, 400, w.Code, body)
+		require.Contains(t, w.Body.String(), `"code":"`+code+`"`, body)
+	}
+
+	w := do("POST", "/v1/charges", `{"amount":4500,"currency":"GBP"}`)
+	require.Equal(t, 201, w.Code)
+	var ch Charge
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &ch))
+	require.True(t, strings.HasPrefix(ch.ID, "ch_"))
+	require.Equal(t, "gbp", ch.Currency)
+
+	w = do("GET", "/v1/charges/"+ch.ID, "")
+	require.Equal(t, 200, w.Code)
+	require.Contains(t, w.Body.String(), ch.ID)
+	require.Equal(t, 404, do("GET", "/v1/charges/ch_nope", "").Code)
+	require.Contains(t, do("GET", "/v1/charges", "").Body.String(), ch.ID)
+}
