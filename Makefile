@@ -18,7 +18,7 @@ demo: build-local-sweep build-local-partitions archivectl bin/charges bin/demo $
 	@WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bin/demo
 
 .PHONY: test
-test: lint ## Every test against throwaway PostgreSQL and Redis (self-provisioning), then the demo
+test: lint $(RIE) ## Every test against throwaway PostgreSQL and Redis (self-provisioning), then the demo
 	$(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
 	$(MAKE) --no-print-directory demo
 

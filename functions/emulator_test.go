@@ -45,9 +45,10 @@ func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
 	db := dbtest.New(t)
 	env := map[string]string{"DATABASE_URL": db.URL, "SWEEP_PAUSE": "1ms"}
 	// GIVEN the three functions, each a real bootstrap under the emulator
-	partitions := testenv.StartEmulator(t, testenv.Bootstrap(t, "partitions"), env)
-	sweeper := testenv.StartEmulator(t, testenv.Bootstrap(t, "sweep"), env)
-	lookup := testenv.StartEmulator(t, testenv.Bootstrap(t, "lookup"), env)
+	bin := testenv.Bootstraps(t, "partitions", "sweep", "lookup")
+	partitions := testenv.StartEmulator(t, bin["partitions"], env)
+	sweeper := testenv.StartEmulator(t, bin["sweep"], env)
+	lookup := testenv.StartEmulator(t, bin["lookup"], env)
 
 	// WHEN the daily partitions schedule fires
 	var parts struct{ Created []string }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/sweep"
 )
 
 type result struct {
@@ -185,4 +186,13 @@ func TestHelp(t *testing.T) {
 	require.Contains(t, r.stderr, "usage: archivectl")
 	r = cli(t, nil, nil)
 	require.Equal(t, exitError, r.code)
+}
+
+func TestProgressLineOverwritesItself(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	p := &progress{w: &buf, backlog: func() (int64, error) { return 1234, nil }}
+	p.report(sweep.Progress{Batches: 3, Moved: 30000, Elapsed: 2 * time.Second})
+	p.done()
+	require.Equal(t, "\rsweep: 30000 rows moved in 3 batches, 15000 rows/s, backlog left 1234   \n", buf.String())
 }

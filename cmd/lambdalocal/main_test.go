@@ -11,6 +11,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
 func TestZipIsAnExecutableBootstrapAndReproducible(t *testing.T) {
@@ -73,4 +77,31 @@ func TestUsageErrors(t *testing.T) {
 	for _, args := range [][]string{nil, {"bogus"}, {"zip"}, {"invoke"}, {"template"}, {"zip", "-o", "x.zip", "/nonexistent"}} {
 		require.Error(t, run(context.Background(), args, io.Discard, io.Discard), "%q", args)
 	}
+}
+
+// invoke runs a real bootstrap under the emulator, as `make invoke` does.
+func TestInvokeRunsTheBootstrapUnderTheEmulator(t *testing.T) {
+	db := dbtest.New(t)
+	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
+	require.NoError(t, err)
+	_, err = m.Run(context.Background(), false)
+	require.NoError(t, err)
+	t.Setenv("DATABASE_URL", db.URL)
+	var out, logs bytes.Buffer
+	err = run(context.Background(), []string{"invoke",
+		"-rie", testenv.RIEBinary(t),
+		"-bootstrap", testenv.Bootstraps(t, "lookup")["lookup"],
+		"-event", filepath.Join(testenv.RepoRoot(t), "events", "lookup-direct.json"),
+		"-seed-probe"}, &out, &logs)
+	require.NoError(t, err, logs.String())
+	var resp struct {
+		Status int
+		Record struct {
+			ResourceID string `json:"resource_id"`
+		}
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &resp), out.String())
+	require.Equal(t, 200, resp.Status)
+	require.Equal(t, "ch_probe", resp.Record.ResourceID)
+	require.Contains(t, logs.String(), "START RequestId", "the function's logs go to stderr")
 }

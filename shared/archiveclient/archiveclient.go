@@ -6,16 +6,19 @@
 //	client := archiveclient.Lambda{Client: lambda.NewFromConfig(awsCfg), FunctionName: "idemarchive-lookup"}
 //	mw, _ := idempotency.New(idempotency.Config{Store: store, Archive: client})
 //
-// The middleware's ArchiveTimeout bounds each call through its context.
+// Each call is bounded by Timeout (and by the middleware's ArchiveTimeout,
+// through its context).
 package archiveclient
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
@@ -39,10 +42,15 @@ var ErrUnavailable = errors.New("archive lookup function unavailable")
 type Lambda struct {
 	Client       Invoker
 	FunctionName string
+	// Timeout bounds one invocation, retries included. Default 2s. The
+	// caller's context may cut it shorter.
+	Timeout time.Duration
 }
 
 // Lookup invokes the function for scopedKey.
 func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte) (archive.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(l.Timeout, 2*time.Second))
+	defer cancel()
 	req := lookupapi.DirectRequest{ScopedKey: scopedKey}
 	if fingerprint != nil {
 		req.Fingerprint = hex.EncodeToString(fingerprint)

@@ -76,13 +76,7 @@ func Invocation(requestID string) context.Context {
 	return lambdacontext.NewContext(context.Background(), &lambdacontext.LambdaContext{AwsRequestID: requestID})
 }
 
-var (
-	toolsMu sync.Mutex
-	builtIn string // directory holding the bootstraps built by this test binary
-)
-
-// Functions lists the function directories under functions/.
-var Functions = []string{"sweep", "partitions", "lookup"}
+var toolsMu sync.Mutex
 
 // RIEBinary returns the emulator's path: $AWS_LAMBDA_RIE, then bin/tools of
 // the repository (installing it there with go install when missing).
@@ -106,40 +100,35 @@ func RIEBinary(t testing.TB) string {
 	return bin
 }
 
-// Bootstrap returns the path of functions/<fn> built for this machine with
-// the flags of the Makefile's build-local. The first call builds every
-// function in one go build, which compiles them in parallel.
-func Bootstrap(t testing.TB, fn string) string {
+// Bootstraps builds functions/<fn> for this machine, with the flags of the
+// Makefile's build-local, into the test's temporary directory (one go build,
+// which compiles them in parallel) and returns each bootstrap's path by name.
+func Bootstraps(t testing.TB, fns ...string) map[string]string {
 	t.Helper()
-	toolsMu.Lock()
-	defer toolsMu.Unlock()
-	if builtIn == "" {
-		// Under bin/ (ignored by git), replaced by every run.
-		dir := filepath.Join(RepoRoot(t), "bin", "test-bootstraps")
-		if err := os.RemoveAll(dir); err != nil {
+	dir := t.TempDir()
+	args := []string{"build", "-tags", "lambda.norpc", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}
+	for _, f := range fns {
+		args = append(args, "./functions/"+f)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = RepoRoot(t)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build bootstraps: %v\n%s", err, b)
+	}
+	paths := map[string]string{}
+	for _, f := range fns {
+		// Lambda runs a file named bootstrap: give each its own directory.
+		p := filepath.Join(dir, f+".d", "bootstrap")
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		args := []string{"build", "-tags", "lambda.norpc", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}
-		for _, f := range Functions {
-			args = append(args, "./functions/"+f)
+		if err := os.Rename(filepath.Join(dir, f), p); err != nil {
+			t.Fatal(err)
 		}
-		cmd := exec.Command("go", args...)
-		cmd.Dir = RepoRoot(t)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build bootstraps: %v\n%s", err, b)
-		}
-		for _, f := range Functions {
-			if err := os.MkdirAll(filepath.Join(dir, f+".d"), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(filepath.Join(dir, f), filepath.Join(dir, f+".d", "bootstrap")); err != nil {
-				t.Fatal(err)
-			}
-		}
-		builtIn = dir
+		paths[f] = p
 	}
-	return filepath.Join(builtIn, fn+".d", "bootstrap")
+	return paths
 }
 
 // Emulator is a function under the Runtime Interface Emulator.
