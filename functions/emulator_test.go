@@ -53,7 +53,7 @@ func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
 	// WHEN the daily partitions schedule fires
 	var parts struct{ Created []string }
 	require.NoError(t, json.Unmarshal(partitions.Invoke(t, testenv.Event(t, "partitions-schedule.json")), &parts))
-	require.Len(t, parts.Created, 4)
+	require.Len(t, parts.Created, 5)
 
 	// AND a completed key and an in-flight key expire, and the sweep schedule fires
 	now := time.Now()

@@ -61,12 +61,12 @@ func TestRunbookEndToEnd(t *testing.T) {
 	r = cli(t, db, nil, "partitions", "--dry-run")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "ATTACH PARTITION")
-	require.Equal(t, 4, strings.Count(r.stdout, "CREATE TABLE"))
+	require.Equal(t, 5, strings.Count(r.stdout, "CREATE TABLE"))
 	r = cli(t, db, nil, "partitions", "--lead-months", "2")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var parts struct{ Created []string }
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &parts))
-	require.Len(t, parts.Created, 3)
+	require.Len(t, parts.Created, 4)
 
 	// verify fails before anything was archived
 	r = cli(t, db, nil, "verify")

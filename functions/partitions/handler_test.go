@@ -26,10 +26,10 @@ func TestScheduledRunCreatesPartitions(t *testing.T) {
 	require.NoError(t, err)
 	var res partition.Result
 	require.NoError(t, json.Unmarshal(out, &res))
-	require.Len(t, res.Created, 4)
+	require.Len(t, res.Created, 5)
 	require.NotEmpty(t, res.Statements)
 	require.Greater(t, res.NewestPartitionDays, 60.0)
-	require.EqualValues(t, 4, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency_key_archive'::regclass"))
+	require.EqualValues(t, 5, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency_key_archive'::regclass"))
 	require.Len(t, testenv.Lines(stdout.String(), `"idempotency_archive_newest_partition_days"`), 1)
 
 	// A second run has nothing to do.
@@ -47,7 +47,7 @@ func TestDryRunEventRunsNothing(t *testing.T) {
 	var res partition.Result
 	require.NoError(t, json.Unmarshal(out, &res))
 	require.True(t, res.DryRun)
-	require.Len(t, res.Created, 5, "lead_months 4 plans five months")
+	require.Len(t, res.Created, 6, "lead_months 4 plans six months, from the previous one")
 	require.EqualValues(t, 0, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency_key_archive'::regclass"))
 }
 

@@ -41,6 +41,7 @@ package idempotency
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -181,11 +182,11 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("idempotency: a live store is required")
 	}
-	cfg.LiveTTL = cmpOr(cfg.LiveTTL, 24*time.Hour)
-	cfg.ArchiveTimeout = cmpOr(cfg.ArchiveTimeout, 2*time.Second)
-	cfg.RetryAfter = cmpOr(cfg.RetryAfter, time.Second)
-	cfg.MaxBodyBytes = cmpOr(cfg.MaxBodyBytes, 1<<20)
-	cfg.ResourceIDPath = cmpOr(cfg.ResourceIDPath, "id")
+	cfg.LiveTTL = cmp.Or(cfg.LiveTTL, 24*time.Hour)
+	cfg.ArchiveTimeout = cmp.Or(cfg.ArchiveTimeout, 2*time.Second)
+	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, time.Second)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, 1<<20)
+	cfg.ResourceIDPath = cmp.Or(cfg.ResourceIDPath, "id")
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -197,14 +198,6 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, fmt.Errorf("idempotency: %w", err)
 	}
 	return &Middleware{cfg: cfg, rule: rule, path: strings.Split(cfg.ResourceIDPath, ".")}, nil
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // ScopedKey returns the stored form of a client key (see the package doc).
@@ -293,7 +286,13 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		if m.cfg.Tenant != nil {
 			tenant = m.cfg.Tenant(r)
 		}
-		m.serve(w, r, next, ScopedKey(tenant, key), Fingerprint(r.Method, r.URL.EscapedPath(), body))
+		scoped := ScopedKey(tenant, key)
+		if len(scoped) > archive.MaxScopedKeyBytes {
+			m.problem(w, r, http.StatusBadRequest, "idempotency_key_invalid",
+				fmt.Sprintf("the tenant scope and the key together exceed %d bytes", archive.MaxScopedKeyBytes), nil)
+			return
+		}
+		m.serve(w, r, next, scoped, Fingerprint(r.Method, r.URL.EscapedPath(), body))
 	})
 }
 
@@ -340,7 +339,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if !completed {
 			// The handler panicked: free the key for a retry, then let the
 			// panic continue to the server's recovery.
-			m.release(context.WithoutCancel(ctx), scoped, fp)
+			m.release(ctx, scoped, fp)
 		}
 	}()
 	next.ServeHTTP(rec, r)
@@ -350,7 +349,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.release(ctx, scoped, fp)
 	} else {
 		c := Completion{Fingerprint: fp, Status: rec.status, Body: rec.body.Bytes(), ContentType: rec.header.Get("Content-Type"), ResourceID: resourceID(rec.body.Bytes(), m.path)}
-		if err := m.cfg.Store.Complete(context.WithoutCancel(ctx), scoped, c); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := m.cfg.Store.Complete(cctx, scoped, c)
+		cancel()
+		if err != nil {
 			// The operation happened: answer it. Retries see the key in
 			// flight until it expires.
 			m.cfg.Logger.ErrorContext(ctx, "idempotency: live store complete failed", "error", err)
@@ -400,7 +402,12 @@ func (m *Middleware) expired(w http.ResponseWriter, r *http.Request, status int,
 	})
 }
 
+// release frees the key even when the client has gone away: a key left in
+// flight would block retries for the whole window, then be archived as never
+// completed.
 func (m *Middleware) release(ctx context.Context, key string, fp []byte) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
 	if err := m.cfg.Store.Release(ctx, key, fp); err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err)
 	}

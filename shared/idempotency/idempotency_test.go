@@ -19,11 +19,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 	"github.com/idemarchive/idemarchive/shared/livestore"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/schema"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
@@ -423,4 +425,104 @@ func (failCompletion) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (failCompletion) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// Completion must work in every statement execution mode (exec and
+// simple_protocol are the RDS Proxy modes), and replay any body exactly.
+func TestPostgresStoreInEveryExecModeReplaysBodiesExactly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			pool, err := database.Open(context.Background(), database.Config{URL: b.db.URL, ExecMode: mode}, nil)
+			require.NoError(t, err)
+			defer pool.Close()
+			mw, err := idempotency.New(idempotency.Config{Store: livestore.NewPostgres(pool)})
+			require.NoError(t, err)
+			for i, tc := range []struct{ ct, body string }{
+				{"application/json", `{"id":"ch_1","nested":{"a":[1,2]}}`},
+				{"application/octet-stream", "\x00\xff binary \x01"},
+				{"text/plain; charset=latin1", "caf\xe9"},
+				{"application/json", `not json at all`},
+			} {
+				calls := 0
+				srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					calls++
+					w.Header().Set("Content-Type", tc.ct)
+					w.WriteHeader(http.StatusCreated)
+					_, _ = w.Write([]byte(tc.body))
+				}))
+				key := fmt.Sprintf("%s-%d", mode, i)
+				require.Equal(t, 201, post(srv, key, `{}`).Code)
+				again := post(srv, key, `{}`)
+				require.Equal(t, 201, again.Code, again.Body.String())
+				require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "%s %q", tc.ct, tc.body)
+				require.Equal(t, tc.ct, again.Header().Get("Content-Type"))
+				if tc.ct == "application/json" && tc.body[0] == '{' {
+					require.JSONEq(t, tc.body, again.Body.String())
+				} else {
+					require.Equal(t, tc.body, again.Body.String())
+				}
+				require.Equal(t, 1, calls)
+			}
+		})
+	}
+}
+
+// blockingArchive waits until the caller gives up, as a slow archive does
+// when the client disconnects.
+type blockingArchive struct{}
+
+func (blockingArchive) Lookup(ctx context.Context, _ string, _ []byte) (archive.Record, error) {
+	<-ctx.Done()
+	return archive.Record{}, ctx.Err()
+}
+
+func TestAClientThatGoesAwayStillReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		srv := b.middleware(t, idempotency.Config{Archive: blockingArchive{}}).Wrap(&charges{})
+		ctx, cancel := context.WithCancel(context.Background())
+		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`)).WithContext(ctx)
+		r.Header.Set(idempotency.HeaderKey, "gone")
+		go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, r)
+		require.Equal(t, 503, w.Code)
+		// The key is free again: no 24-hour "in flight" left behind.
+		_, fresh, err := b.store.Register(context.Background(), "idem:v1:gone", dbtest.Fingerprint("x"), time.Minute)
+		require.NoError(t, err)
+		require.True(t, fresh)
+	})
+}
+
+// When the archive row cannot be written, the Redis key is kept (completed,
+// without expiry) so that it keeps replaying: it must never run twice.
+func TestRedisKeepsAKeyItCouldNotArchive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	client, prefix := testenv.Redis(t)
+	// A pool whose role may not insert into the archive.
+	noInsert := b.db.NewPool(t, dbtest.AsRole(schema.ReaderRole))
+	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, noInsert, prefix), Archive: b.reader, LiveTTL: time.Hour})
+	require.NoError(t, err)
+	h := &charges{}
+	srv := mw.Wrap(h)
+	require.Equal(t, 201, post(srv, "unarchived", `{}`).Code)
+	ttl, err := client.TTL(context.Background(), prefix+"idem:v1:unarchived").Result()
+	require.NoError(t, err)
+	require.Equal(t, time.Duration(-1), ttl, "no expiry: the key is never forgotten")
+	again := post(srv, "unarchived", `{}`)
+	require.Equal(t, 201, again.Code)
+	require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed))
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
+func TestTenantScopePlusKeyIsBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	srv := b.middleware(t, idempotency.Config{Tenant: func(*http.Request) string { return strings.Repeat("ж", 60) }}).Wrap(&charges{})
+	w := post(srv, strings.Repeat("k", 255), `{}`)
+	require.Equal(t, 400, w.Code)
+	require.Contains(t, problemOf(t, w)["detail"], "exceed")
 }

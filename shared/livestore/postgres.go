@@ -39,13 +39,15 @@ ON CONFLICT (scoped_key) DO NOTHING
 RETURNING created_at, expires_at`
 
 	pgGetSQL = `
-SELECT fingerprint, state, coalesce(status_code, 0), response, coalesce(content_type, ''), resource_id, created_at, expires_at
+SELECT fingerprint, state, coalesce(status_code, 0), coalesce(response_raw, convert_to(response::text, 'UTF8')),
+       coalesce(content_type, ''), resource_id, created_at, expires_at
   FROM idempotency_keys
  WHERE scoped_key = $1`
 
 	pgCompleteSQL = `
 UPDATE idempotency_keys
-   SET state = 'completed', status_code = $3, response = $4, content_type = $5, resource_id = $6
+   SET state = 'completed', status_code = $3, response = $4::text::jsonb, response_raw = $5,
+       content_type = $6, resource_id = $7
  WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'`
 
 	pgReleaseSQL = `DELETE FROM idempotency_keys WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'`
@@ -89,15 +91,28 @@ func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, erro
 	if state == "completed" {
 		e.State = idempotency.Completed
 	}
-	e.Body = decodeBody(response, e.ContentType)
+	e.Body = response
 	return e, nil
 }
 
-// Complete records the response. A JSON body is stored as jsonb as it is
-// (replayed semantically equal; jsonb does not keep whitespace or key order);
-// any other body is stored as a JSON string and replayed byte for byte.
+// Complete records the response. A JSON body (JSON content type, valid JSON)
+// is stored as jsonb, where the sweeper can read the resource id from it, and
+// replayed semantically equal (jsonb keeps neither whitespace nor key order);
+// any other body is stored and replayed byte for byte.
 func (p *Postgres) Complete(ctx context.Context, key string, c idempotency.Completion) error {
-	tag, err := p.pool.Exec(ctx, pgCompleteSQL, key, c.Fingerprint, c.Status, encodeBody(c.Body, c.ContentType), c.ContentType, c.ResourceID)
+	// The JSON travels as text (and is cast in SQL) so that every statement
+	// execution mode, including exec and simple_protocol, sends it as JSON.
+	var asJSON *string
+	var raw []byte
+	switch {
+	case len(c.Body) == 0:
+	case isJSONType(c.ContentType) && json.Valid(c.Body):
+		s := string(c.Body)
+		asJSON = &s
+	default:
+		raw = c.Body
+	}
+	tag, err := p.pool.Exec(ctx, pgCompleteSQL, key, c.Fingerprint, c.Status, asJSON, raw, c.ContentType, c.ResourceID)
 	if err != nil {
 		return fmt.Errorf("complete idempotency key: %w", err)
 	}
@@ -117,26 +132,4 @@ func (p *Postgres) Release(ctx context.Context, key string, fp []byte) error {
 
 func isJSONType(contentType string) bool {
 	return strings.Contains(strings.ToLower(contentType), "json")
-}
-
-func encodeBody(body []byte, contentType string) []byte {
-	switch {
-	case len(body) == 0:
-		return nil
-	case isJSONType(contentType) && json.Valid(body):
-		return body
-	}
-	b, _ := json.Marshal(string(body))
-	return b
-}
-
-func decodeBody(stored []byte, contentType string) []byte {
-	if len(stored) == 0 || isJSONType(contentType) {
-		return stored
-	}
-	var s string
-	if json.Unmarshal(stored, &s) == nil {
-		return []byte(s)
-	}
-	return stored
 }

@@ -21,7 +21,10 @@ import (
 // Redis entry marked completed second: a crash between the two leaves the key
 // in flight in Redis until it expires — retries get 409 in flight, then 409
 // expired from the archive — and never a completed key without an archive row.
-// A key that expires while still in flight is not archived.
+// If the archive row cannot be written at all, the hash is completed without
+// an expiry instead, so that the key keeps replaying rather than ever running
+// twice; the error is returned for the operator to reconcile. A key that
+// expires while still in flight is not archived.
 type Redis struct {
 	client  *redis.Client
 	archive *pgxpool.Pool
@@ -54,6 +57,9 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'in_flight' or redis.call('HGET', KEY
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'body', ARGV[3], 'ct', ARGV[4], 'rid', ARGV[5], 'has_rid', ARGV[6])
+if ARGV[7] == '1' then
+  redis.call('PERSIST', KEYS[1])
+end
 return 1`)
 
 	redisRelease = redis.NewScript(`
@@ -119,18 +125,25 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	if len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) {
 		return ErrNotInFlight
 	}
-	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt); err != nil {
-		return fmt.Errorf("archive idempotency key at completion: %w", err)
+	_, archiveErr := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt)
+	// Without its archive row the key must never be forgotten, or a retry
+	// after the window would run the operation again: complete it and drop
+	// its expiry, so it replays until someone reconciles it.
+	persist := "0"
+	if archiveErr != nil {
+		persist = "1"
 	}
 	rid, hasRID := "", "0"
 	if c.ResourceID != nil {
 		rid, hasRID = *c.ResourceID, "1"
 	}
-	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID).Int()
-	if err != nil {
+	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID, persist).Int()
+	switch {
+	case archiveErr != nil:
+		return fmt.Errorf("archive idempotency key at completion (the key is kept in Redis without expiry until archived): %w", archiveErr)
+	case err != nil:
 		return fmt.Errorf("complete idempotency key: %w", err)
-	}
-	if n == 0 {
+	case n == 0:
 		return ErrNotInFlight
 	}
 	return nil

@@ -3,7 +3,7 @@
 // reports how far ahead the newest partition reaches and how big the archive is.
 //
 // A missing partition does not degrade gracefully (inserts into the archive
-// fail), so Run creates every month from the current one through LeadMonths
+// fail), so Run creates every month from the previous one through LeadMonths
 // ahead. Bounds are UTC month starts whatever the server's or session's
 // TimeZone, and partitions are named idempotency_key_archive_YYYY_MM.
 //
@@ -267,8 +267,11 @@ func (m *Manager) plan(tbl table, parts []Partition, now time.Time) ([]step, err
 		}
 	}
 
+	// From the previous month: right after midnight on the 1st, the sweeper
+	// still archives keys that expired last month, and a fresh install needs
+	// that month too.
 	current := MonthStart(now)
-	for i := 0; i <= m.cfg.LeadMonths; i++ {
+	for i := -1; i <= m.cfg.LeadMonths; i++ {
 		s, err := createStep(tbl, parts, current.AddDate(0, i, 0))
 		if err != nil {
 			return nil, err

@@ -75,10 +75,11 @@ func TestBoundsAreUTCMonthsInAnyTimeZoneAcrossAYearBoundary(t *testing.T) {
 			res, err := newManager(t, pool, partition.Config{Now: now}).Run(context.Background(), false)
 			require.NoError(t, err)
 
-			// THEN the months are the UTC months of now, with UTC bounds
+			// THEN the months are the UTC months around now (the previous
+			// one through three ahead), with UTC bounds
 			cur := partition.MonthStart(now())
 			var want []string
-			for i := 0; i <= 3; i++ {
+			for i := -1; i <= 3; i++ {
 				want = append(want, partition.Name(cur.AddDate(0, i, 0)))
 			}
 			require.Equal(t, want, res.Created)
@@ -86,8 +87,8 @@ func TestBoundsAreUTCMonthsInAnyTimeZoneAcrossAYearBoundary(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, want, names(parts))
 			for i, p := range parts {
-				require.True(t, p.From.Equal(cur.AddDate(0, i, 0)), "%s starts at %s", p.Name, p.From)
-				require.True(t, p.To.Equal(cur.AddDate(0, i+1, 0)), "%s ends at %s", p.Name, p.To)
+				require.True(t, p.From.Equal(cur.AddDate(0, i-1, 0)), "%s starts at %s", p.Name, p.From)
+				require.True(t, p.To.Equal(cur.AddDate(0, i, 0)), "%s ends at %s", p.Name, p.To)
 			}
 			// AND rows on either side of midnight UTC at the year's end land in
 			// the partitions of their UTC month
@@ -110,7 +111,7 @@ func TestRunIsIdempotentAndEmitsMetrics(t *testing.T) {
 
 	first, err := m.Run(context.Background(), false)
 	require.NoError(t, err)
-	require.Equal(t, []string{"idempotency_key_archive_2026_12", "idempotency_key_archive_2027_01", "idempotency_key_archive_2027_02"}, first.Created)
+	require.Equal(t, []string{"idempotency_key_archive_2026_11", "idempotency_key_archive_2026_12", "idempotency_key_archive_2027_01", "idempotency_key_archive_2027_02"}, first.Created)
 	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "k", Status: 201, ExpiredAt: time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)})
 
 	buf.Reset()
@@ -148,7 +149,7 @@ func TestDryRunPrintsDDLAndChangesNothing(t *testing.T) {
 	res, err := newManager(t, db.Pool, partition.Config{Now: at("2026-12-02T10:00:00Z")}).Run(context.Background(), true)
 	require.NoError(t, err)
 	require.True(t, res.DryRun)
-	require.Len(t, res.Created, 4)
+	require.Len(t, res.Created, 5)
 	ddl := strings.Join(res.Statements, ";\n")
 	require.Contains(t, ddl, `ATTACH PARTITION "`+db.Schema+`"."idempotency_key_archive_2026_12" FOR VALUES FROM ('2026-12-01 00:00:00+00') TO ('2027-01-01 00:00:00+00')`)
 	parts, err := partition.List(context.Background(), db.Pool)
@@ -256,10 +257,10 @@ func TestConcurrentRunsAgree(t *testing.T) {
 		require.NoError(t, errs[i])
 		total += len(created[i])
 	}
-	require.Equal(t, 4, total, "each month is created by exactly one run")
+	require.Equal(t, 5, total, "each month is created by exactly one run")
 	parts, err := partition.List(context.Background(), db.Pool)
 	require.NoError(t, err)
-	require.Len(t, parts, 4)
+	require.Len(t, parts, 5)
 }
 
 func TestHandMadePartitionInALocalTimeZoneIsReportedNotOverlapped(t *testing.T) {
