@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemarchive/idemarchive/shared/problem"
 )
 
 // Charge is the demo's resource.
@@ -40,16 +42,16 @@ func (c *charges) create(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {
-		problem(w, http.StatusBadRequest, "invalid_json", "the body must be a JSON object with amount and currency")
+		fail(w, http.StatusBadRequest, "invalid_json", "the body must be a JSON object with amount and currency")
 		return
 	}
 	in.Currency = strings.ToLower(in.Currency)
 	if in.Amount <= 0 {
-		problem(w, http.StatusBadRequest, "invalid_amount", "amount must be a positive whole number of minor units")
+		fail(w, http.StatusBadRequest, "invalid_amount", "amount must be a positive whole number of minor units")
 		return
 	}
 	if !currencyRE.MatchString(in.Currency) {
-		problem(w, http.StatusBadRequest, "invalid_currency", "currency must be a three-letter ISO 4217 code")
+		fail(w, http.StatusBadRequest, "invalid_currency", "currency must be a three-letter ISO 4217 code")
 		return
 	}
 	var b [12]byte
@@ -77,7 +79,7 @@ func (c *charges) get(w http.ResponseWriter, r *http.Request) {
 	ch, ok := c.byID[r.PathValue("id")]
 	c.mu.Unlock()
 	if !ok {
-		problem(w, http.StatusNotFound, "charge_not_found", "no charge with this id")
+		fail(w, http.StatusNotFound, "charge_not_found", "no charge with this id")
 		return
 	}
 	writeJSON(w, http.StatusOK, ch)
@@ -89,10 +91,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func problem(w http.ResponseWriter, status int, code, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"type": "urn:idemarchive:problem:" + code, "title": http.StatusText(status), "status": status, "code": code, "detail": detail,
-	})
+func fail(w http.ResponseWriter, status int, code, detail string) {
+	problem.Write(w, problem.New(status, code, detail))
 }

@@ -63,9 +63,11 @@ func run(ctx context.Context, getenv func(string) string) error {
 		LiveTTL:    arch.LiveTTL,
 		ClockSkew:  arch.ClockSkew,
 		SkipMargin: arch.SkipMargin,
-		Required:   true,
-		Metrics:    emitter,
-		Logger:     logger,
+		// The same path the sweeper falls back to for rows without one.
+		ResourceIDPath: s.Sweep.WithDefaults().ResourceIDPath,
+		Required:       true,
+		Metrics:        emitter,
+		Logger:         logger,
 	})
 	if err != nil {
 		return err

@@ -5,11 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"net/url"
-	"sync"
 
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/lookupapi"
 )
@@ -23,7 +23,7 @@ type handler struct {
 }
 
 func newHandler(env *fnenv.Env) *handler {
-	return &handler{env: env, api: lookupapi.New(&lazyReader{env: env}, env.Logger)}
+	return &handler{env: env, api: lookupapi.New(newLazyReader(env), env.Logger)}
 }
 
 // shape tells the event shapes apart: HTTP API 2.0 events carry version
@@ -103,37 +103,29 @@ func badPayload(err error) error { return payloadError{err} }
 // lazyReader opens the pool on the first lookup of the execution environment
 // and keeps the reader for every lookup after it.
 type lazyReader struct {
-	env *fnenv.Env
-
-	mu     sync.Mutex
-	reader *archive.Reader
+	*database.Lazy[*archive.Reader]
 }
 
-func (l *lazyReader) get(ctx context.Context) (*archive.Reader, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.reader == nil {
-		pool, err := l.env.DB.Pool(ctx)
+func newLazyReader(env *fnenv.Env) lazyReader {
+	return lazyReader{database.NewLazy(func(ctx context.Context) (*archive.Reader, error) {
+		pool, err := env.DB.Get(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if l.reader, err = archive.NewReader(pool, l.env.Settings.Archive, l.env.Metrics); err != nil {
-			return nil, err
-		}
-	}
-	return l.reader, nil
+		return archive.NewReader(pool, env.Settings.Archive, env.Metrics)
+	}, nil)}
 }
 
-func (l *lazyReader) Lookup(ctx context.Context, key string, fp []byte) (archive.Record, error) {
-	r, err := l.get(ctx)
+func (l lazyReader) Lookup(ctx context.Context, key string, fp []byte) (archive.Record, error) {
+	r, err := l.Get(ctx)
 	if err != nil {
 		return archive.Record{}, err
 	}
 	return r.Lookup(ctx, key, fp)
 }
 
-func (l *lazyReader) Investigate(ctx context.Context, q archive.Query) (archive.Page, error) {
-	r, err := l.get(ctx)
+func (l lazyReader) Investigate(ctx context.Context, q archive.Query) (archive.Page, error) {
+	r, err := l.Get(ctx)
 	if err != nil {
 		return archive.Page{}, err
 	}

@@ -39,7 +39,7 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partitio
 	if opts.RetentionMonths != nil {
 		cfg.RetentionMonths = *opts.RetentionMonths
 	}
-	pool, err := h.env.DB.Pool(ctx)
+	pool, err := h.env.DB.Get(ctx)
 	if err != nil {
 		return partition.Result{}, err
 	}

@@ -46,7 +46,7 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		return sweep.Result{}, err
 	}
 
-	pool, err := h.env.DB.Pool(ctx)
+	pool, err := h.env.DB.Get(ctx)
 	if err != nil {
 		return sweep.Result{}, err
 	}

@@ -164,13 +164,13 @@ func TestLazyOpensOnceAndRetriesAfterFailure(t *testing.T) {
 			return nil, errors.New("boom")
 		}
 		return database.Open(ctx, database.Config{URL: db.URL}, nil)
-	})
-	_, err := lazy.Pool(context.Background())
+	}, (*pgxpool.Pool).Close)
+	_, err := lazy.Get(context.Background())
 	require.ErrorContains(t, err, "boom")
 	fail = false
-	p1, err := lazy.Pool(context.Background())
+	p1, err := lazy.Get(context.Background())
 	require.NoError(t, err)
-	p2, err := lazy.Pool(context.Background())
+	p2, err := lazy.Get(context.Background())
 	require.NoError(t, err)
 	require.Same(t, p1, p2)
 	require.EqualValues(t, 2, opens.Load())

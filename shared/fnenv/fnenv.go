@@ -31,7 +31,7 @@ type Env struct {
 	Settings settings.Settings
 	Logger   *slog.Logger
 	Metrics  *metrics.Emitter
-	DB       *database.Lazy
+	DB       *database.Lazy[*pgxpool.Pool]
 }
 
 // DefaultMaxConns is the pool size of a function: one invocation at a time
@@ -68,7 +68,7 @@ func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Wri
 	}
 	env.DB = database.NewLazy(func(ctx context.Context) (*pgxpool.Pool, error) {
 		return database.Open(ctx, s.Database, awsCfg)
-	})
+	}, (*pgxpool.Pool).Close)
 	return env, nil
 }
 

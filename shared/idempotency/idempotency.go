@@ -59,6 +59,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/problem"
 )
 
 // Header names.
@@ -414,21 +415,10 @@ func (m *Middleware) release(ctx context.Context, key string, fp []byte) {
 }
 
 // problem writes an RFC 9457 problem with a stable code and extension members.
-func (m *Middleware) problem(w http.ResponseWriter, r *http.Request, status int, code, detail string, ext map[string]any) {
-	doc := map[string]any{
-		"type":   "urn:idemarchive:problem:" + code,
-		"title":  http.StatusText(status),
-		"status": status,
-		"code":   code,
-		"detail": detail,
-	}
-	for k, v := range ext {
-		doc[k] = v
-	}
-	body, _ := json.Marshal(doc)
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
+func (m *Middleware) problem(w http.ResponseWriter, _ *http.Request, status int, code, detail string, ext map[string]any) {
+	p := problem.New(status, code, detail)
+	p.Extensions = ext
+	problem.Write(w, p)
 }
 
 // resourceID reads a string at path in a JSON body, or nil.

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/problem"
 )
 
 // Reader is what the API needs from the archive; *archive.Reader is one.
@@ -45,14 +46,7 @@ var (
 )
 
 // Problem is an RFC 9457 problem details object with a stable code.
-type Problem struct {
-	Type      string `json:"type"`
-	Title     string `json:"title"`
-	Status    int    `json:"status"`
-	Code      string `json:"code"`
-	Detail    string `json:"detail,omitempty"`
-	RequestID string `json:"request_id,omitempty"`
-}
+type Problem = problem.Problem
 
 // problems maps error kinds to status and code: the one table.
 var problems = []struct {
@@ -88,14 +82,9 @@ func (a *API) ProblemFor(ctx context.Context, err error, requestID string) Probl
 }
 
 func newProblem(status int, code, detail, requestID string) Problem {
-	return Problem{
-		Type:      "urn:idemarchive:problem:" + code,
-		Title:     http.StatusText(status),
-		Status:    status,
-		Code:      code,
-		Detail:    strings.TrimPrefix(detail, "archive: "),
-		RequestID: requestID,
-	}
+	p := problem.New(status, code, strings.TrimPrefix(detail, "archive: "))
+	p.RequestID = requestID
+	return p
 }
 
 // API answers archive queries.
@@ -143,7 +132,7 @@ func (a *API) Serve(ctx context.Context, r Request) Response {
 // ErrorResponse answers err as an application/problem+json response.
 func (a *API) ErrorResponse(ctx context.Context, err error, requestID string) Response {
 	p := a.ProblemFor(ctx, err, requestID)
-	resp := jsonResponse(p.Status, "application/problem+json", p)
+	resp := jsonResponse(p.Status, problem.ContentType, p)
 	if errors.Is(err, ErrMethodNotAllowed) {
 		resp.Headers["Allow"] = http.MethodGet
 	}

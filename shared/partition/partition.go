@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -138,6 +139,15 @@ func Name(month time.Time) string {
 	return fmt.Sprintf("%s_%04d_%02d", ArchiveTable, month.Year(), int(month.Month()))
 }
 
+// Covers reports whether one attached partition in parts covers the whole UTC
+// month starting at month.
+func Covers(parts []Partition, month time.Time) bool {
+	end := month.AddDate(0, 1, 0)
+	return slices.ContainsFunc(parts, func(p Partition) bool {
+		return !p.DetachPending && !p.From.After(month) && (p.To.IsZero() || !p.To.Before(end))
+	})
+}
+
 // step is one unit of DDL: statements that run in one transaction, or alone
 // when they cannot run in a transaction.
 type step struct {
@@ -175,7 +185,11 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		return res, err
 	}
 	now := m.cfg.Now()
-	steps, err := m.plan(tbl, parts, now)
+	orphans, err := listOrphans(ctx, conn.Conn(), tbl)
+	if err != nil {
+		return res, err
+	}
+	steps, err := m.plan(tbl, parts, orphans, now)
 	if err != nil {
 		return res, err
 	}
@@ -254,7 +268,7 @@ func (m *Manager) EnsureMonth(ctx context.Context, t time.Time) ([]string, error
 	return s.statements, nil
 }
 
-func (m *Manager) plan(tbl table, parts []Partition, now time.Time) ([]step, error) {
+func (m *Manager) plan(tbl table, parts []Partition, orphans []string, now time.Time) ([]step, error) {
 	var steps []step
 	// Finish interrupted detaches first: a detach-pending partition blocks
 	// another concurrent detach of the same table.
@@ -292,6 +306,16 @@ func (m *Manager) plan(tbl table, parts []Partition, now time.Time) ([]step, err
 				fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name)),
 			}})
 		}
+		// A partition detached by an earlier run whose DROP failed.
+		for _, name := range orphans {
+			month, err := time.Parse("2006_01", strings.TrimPrefix(name, ArchiveTable+"_"))
+			if err != nil || month.AddDate(0, 1, 0).After(cutoff) {
+				continue
+			}
+			steps = append(steps, step{kind: "retire", partition: name, statements: []string{
+				fmt.Sprintf("DROP TABLE IF EXISTS %s", tbl.sibling(name)),
+			}})
+		}
 	}
 	return steps, nil
 }
@@ -317,7 +341,8 @@ func createStep(tbl table, parts []Partition, month time.Time) (*step, error) {
 	check := pgx.Identifier{name + "_bounds"}.Sanitize()
 	lo, hi := literal(from), literal(to)
 	stmts := []string{
-		fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)", part, tbl.qualified()),
+		// IF NOT EXISTS re-attaches a month detached by an interrupted retirement.
+		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)", part, tbl.qualified()),
 		// The CHECK constraint lets ATTACH skip scanning the new table.
 		fmt.Sprintf("ALTER TABLE %s ADD CONSTRAINT %s CHECK (expired_at IS NOT NULL AND expired_at >= %s AND expired_at < %s)", part, check, lo, hi),
 		fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)", tbl.qualified(), part, lo, hi),
@@ -417,6 +442,27 @@ SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending
   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
  WHERE i.inhparent = to_regclass('idempotency_key_archive')
  ORDER BY c.relname`
+
+// orphansSQL lists tables named like monthly partitions, in the archive's
+// schema, that are not attached to it.
+const orphansSQL = `
+SELECT c.relname
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition
+   AND c.relname ~ '^idempotency_key_archive_[0-9]{4}_[0-9]{2}$'
+ ORDER BY c.relname`
+
+func listOrphans(ctx context.Context, conn *pgx.Conn, tbl table) ([]string, error) {
+	rows, err := conn.Query(ctx, orphansSQL, tbl.schema)
+	if err != nil {
+		return nil, fmt.Errorf("list detached partitions: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list detached partitions: %w", err)
+	}
+	return names, nil
+}
 
 const sizeSQL = `
 SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint,

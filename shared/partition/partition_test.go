@@ -288,3 +288,32 @@ func TestPartitionsStayWithTheArchiveOwner(t *testing.T) {
 		 WHERE i.inhparent = 'idempotency_key_archive'::regclass
 		   AND pg_get_userbyid(c.relowner) <> 'idempotency_owner'`))
 }
+
+func TestAPartitionDetachedButNotDroppedIsDroppedLater(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	m := newManager(t, db.Pool, partition.Config{Now: at("2026-12-02T10:00:00Z")})
+	for _, mo := range []time.Month{time.March, time.April} {
+		_, err := m.EnsureMonth(ctx, month(2026, mo))
+		require.NoError(t, err)
+	}
+	// GIVEN March detached (as a run whose DROP timed out leaves it)
+	_, err := db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2026_03")
+	require.NoError(t, err)
+	// WHEN a run with retention covering March and April runs
+	res, err := newManager(t, db.Pool, partition.Config{RetentionMonths: 3, Now: at("2026-12-02T10:00:00Z")}).Run(ctx, false)
+	require.NoError(t, err)
+	// THEN both are gone
+	require.ElementsMatch(t, []string{"idempotency_key_archive_2026_03", "idempotency_key_archive_2026_04"}, res.Retired)
+	require.EqualValues(t, 0, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE relname IN ('idempotency_key_archive_2026_03', 'idempotency_key_archive_2026_04') AND relnamespace = current_schema()::regnamespace"))
+
+	// AND a month detached but still wanted is attached again, rows and all
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2027_01")
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, "INSERT INTO idempotency_key_archive_2027_01 VALUES ('k', '\\x00', 201, NULL, '2027-01-01', '2027-01-02')")
+	require.NoError(t, err)
+	_, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'k'"))
+}

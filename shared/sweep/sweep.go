@@ -335,10 +335,7 @@ func (s *Sweeper) uncoveredMonths(ctx context.Context) ([]time.Time, error) {
 	var missing []time.Time
 	for _, m := range months {
 		m = time.Date(m.Year(), m.Month(), 1, 0, 0, 0, 0, time.UTC)
-		covered := slices.ContainsFunc(parts, func(p partition.Partition) bool {
-			return !p.DetachPending && !p.From.After(m) && (p.To.IsZero() || p.To.After(m))
-		})
-		if !covered {
+		if !partition.Covers(parts, m) {
 			missing = append(missing, m)
 		}
 	}

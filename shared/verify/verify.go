@@ -92,10 +92,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	var missing []string
 	for i := 0; i <= 2; i++ {
 		m := current.AddDate(0, i, 0)
-		covered := slices.ContainsFunc(parts, func(p partition.Partition) bool {
-			return !p.DetachPending && !p.From.After(m) && (p.To.IsZero() || !p.To.Before(m.AddDate(0, 1, 0)))
-		})
-		if !covered {
+		if !partition.Covers(parts, m) {
 			missing = append(missing, m.Format("2006-01"))
 		}
 	}
