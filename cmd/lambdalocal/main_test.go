@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
-	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
@@ -82,13 +81,10 @@ func TestUsageErrors(t *testing.T) {
 // invoke runs a real bootstrap under the emulator, as `make invoke` does.
 func TestInvokeRunsTheBootstrapUnderTheEmulator(t *testing.T) {
 	db := dbtest.New(t)
-	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
-	require.NoError(t, err)
-	_, err = m.Run(context.Background(), false)
-	require.NoError(t, err)
+	db.Partition(t, 0)
 	t.Setenv("DATABASE_URL", db.URL)
 	var out, logs bytes.Buffer
-	err = run(context.Background(), []string{"invoke",
+	err := run(context.Background(), []string{"invoke",
 		"-rie", testenv.RIEBinary(t),
 		"-bootstrap", testenv.Bootstraps(t, "lookup")["lookup"],
 		"-event", filepath.Join(testenv.RepoRoot(t), "events", "lookup-direct.json"),

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
-	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
@@ -31,11 +30,8 @@ func setup(t *testing.T) bundle {
 	t.Helper()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
-	require.NoError(t, err)
-	_, err = m.Run(ctx, false)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive
+	db.Partition(t, 0)
+	_, err := db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive
 		(scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
 		VALUES ('idem:v1:probe', '\x00', 201, 'ch_probe', now() - interval '30 hours', now() - interval '6 hours'),
 		       ('idem:v1:a b/c%d:e', '\x01', 200, NULL, now() - interval '30 hours', now() - interval '6 hours')`)

@@ -11,17 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
-	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
 func setup(t *testing.T, rows int) (*dbtest.DB, lambda.Handler, *testenv.SyncBuffer) {
 	t.Helper()
 	db := dbtest.New(t)
-	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
-	require.NoError(t, err)
-	_, err = m.Run(context.Background(), false)
-	require.NoError(t, err)
+	db.Partition(t, 0)
 	for i := range rows {
 		dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("idem:v1:%03d", i), Status: 201,
 			Response: map[string]any{"id": fmt.Sprintf("ch_%d", i)}, ExpiresAt: time.Now().Add(-time.Hour)})

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
@@ -153,4 +154,25 @@ func WithSearchPath(t testing.TB, u, searchPath string) string {
 		return parsed.String()
 	}
 	return u + " search_path=" + searchPath
+}
+
+// Partition creates the archive partitions a run of the partition manager
+// creates now (the previous month through three ahead), plus monthsBack more
+// months before those, and returns the manager.
+func (db *DB) Partition(t testing.TB, monthsBack int) *partition.Manager {
+	t.Helper()
+	ctx := context.Background()
+	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Run(ctx, false); err != nil {
+		t.Fatalf("create partitions: %v", err)
+	}
+	for i := 2; i <= monthsBack+1; i++ {
+		if _, err := m.EnsureMonth(ctx, time.Now().AddDate(0, -i, 0)); err != nil {
+			t.Fatalf("create partition: %v", err)
+		}
+	}
+	return m
 }

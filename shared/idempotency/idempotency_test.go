@@ -24,7 +24,6 @@ import (
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 	"github.com/idemarchive/idemarchive/shared/livestore"
 	"github.com/idemarchive/idemarchive/shared/metrics"
-	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
@@ -73,12 +72,7 @@ const (
 func setup(t *testing.T, kind storeKind) bundle {
 	t.Helper()
 	db := dbtest.New(t)
-	m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
-	require.NoError(t, err)
-	_, err = m.Run(context.Background(), false)
-	require.NoError(t, err)
-	_, err = m.EnsureMonth(context.Background(), time.Now().AddDate(0, -1, 0))
-	require.NoError(t, err)
+	db.Partition(t, 0)
 	reader, err := archive.NewReader(db.Pool, archive.Config{}, nil)
 	require.NoError(t, err)
 	b := bundle{db: db, reader: reader, metrics: &bytes.Buffer{}}

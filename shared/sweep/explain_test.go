@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
-	"github.com/idemarchive/idemarchive/shared/partition"
 )
 
 // planNode is the part of EXPLAIN (FORMAT JSON) this test reads.
@@ -37,14 +36,11 @@ func TestBatchPlanIsIndexDrivenOnALargeLiveTable(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	parts, err := partition.NewManager(db.Pool, partition.Config{}, nil)
-	require.NoError(t, err)
-	_, err = parts.Run(ctx, false)
-	require.NoError(t, err)
+	db.Partition(t, 0)
 
 	// GIVEN a million live rows, a third of them expired, in random expiry
 	// order (the worst case for the planner: no physical correlation)
-	_, err = db.Pool.Exec(ctx, `
+	_, err := db.Pool.Exec(ctx, `
 		INSERT INTO idempotency_keys (scoped_key, fingerprint, state, status_code, response, created_at, expires_at)
 		SELECT 'idem:v1:' || md5(g::text),
 		       sha256(g::text::bytea),

@@ -33,15 +33,7 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	db := dbtest.New(t)
-	ctx := context.Background()
-	parts, err := partition.NewManager(db.Pool, partition.Config{}, nil)
-	require.NoError(t, err)
-	_, err = parts.Run(ctx, false)
-	require.NoError(t, err)
-	for i := 1; i <= 3; i++ {
-		_, err := parts.EnsureMonth(ctx, time.Now().AddDate(0, -i, 0))
-		require.NoError(t, err)
-	}
+	parts := db.Partition(t, 2)
 	return bundle{db: db, sweeper: db.NewPool(t, dbtest.AsRole(schema.SweeperRole)), parts: parts}
 }
 
