@@ -63,9 +63,6 @@ func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Wri
 		tracing.InstrumentAWS(&c)
 		awsCfg = &c
 	}
-	if _, err := s.Database.PoolConfig(); err != nil {
-		return nil, fmt.Errorf("configuration: %w", err)
-	}
 	env.DB = database.NewLazy(func(ctx context.Context) (*pgxpool.Pool, error) {
 		return database.Open(ctx, s.Database, awsCfg)
 	}, (*pgxpool.Pool).Close)
