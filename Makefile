@@ -34,7 +34,7 @@ RIE := bin/tools/aws-lambda-rie
 RIE_MODULE := github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
 
 .PHONY: build
-build: $(FUNCTIONS:%=build-%) ## Build bin/<fn>/bootstrap for linux/arm64 and bin/<fn>.zip (what CDK deploys)
+build: $(FUNCTIONS:%=build-%) ## Build bin/<fn>/bootstrap for linux/arm64 and bin/<fn>.zip (deployment packages)
 
 .PHONY: build-%
 build-%: bin/lambdalocal
