@@ -6,6 +6,11 @@ GO ?= go
 # DATABASE_URL / REDIS_URL are already set.
 WITH_SERVICES := shared/testenv/with-services.sh
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
+# Defined before any rule names them: make expands prerequisites as it reads.
+FUNCTIONS := sweep partitions lookup
+BUILD_FLAGS := -tags lambda.norpc -trimpath -ldflags "-s -w"
+RIE := bin/tools/aws-lambda-rie
+RIE_MODULE := github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
 
 .DEFAULT_GOAL := help
 
@@ -27,11 +32,6 @@ lint: ## go vet and gofmt
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on: $$unformatted"; exit 1; fi
-
-FUNCTIONS := sweep partitions lookup
-BUILD_FLAGS := -tags lambda.norpc -trimpath -ldflags "-s -w"
-RIE := bin/tools/aws-lambda-rie
-RIE_MODULE := github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
 
 .PHONY: build
 build: $(FUNCTIONS:%=build-%) ## Build bin/<fn>/bootstrap for linux/arm64 and bin/<fn>.zip (deployment packages)

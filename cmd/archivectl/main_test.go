@@ -62,11 +62,11 @@ func TestRunbookEndToEnd(t *testing.T) {
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "ATTACH PARTITION")
 	require.Equal(t, 5, strings.Count(r.stdout, "CREATE TABLE"))
-	r = cli(t, db, nil, "partitions", "--lead-months", "2")
+	r = cli(t, db, nil, "partitions", "--lead-months", "3")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var parts struct{ Created []string }
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &parts))
-	require.Len(t, parts.Created, 4)
+	require.Len(t, parts.Created, 5)
 
 	// verify fails before anything was archived
 	r = cli(t, db, nil, "verify")

@@ -42,7 +42,7 @@ func main() {
 	flag.StringVar(&p.bin, "bin", "bin", "directory holding archivectl, charges and local/<fn>/bootstrap")
 	flag.StringVar(&p.rie, "rie", filepath.Join("bin", "tools", "aws-lambda-rie"), "path of aws-lambda-rie")
 	flag.StringVar(&p.events, "events", "events", "directory of the sample events")
-	ttl := flag.Duration("ttl", 2*time.Second, "live TTL of the demo API")
+	ttl := flag.Duration("ttl", 4*time.Second, "live TTL of the demo API (the first steps must finish within it)")
 	flag.Parse()
 
 	d := &demo{paths: p, ttl: *ttl, out: os.Stdout, dbURL: os.Getenv("DATABASE_URL")}

@@ -170,7 +170,7 @@ func (db *DB) Partition(t testing.TB, monthsBack int) *partition.Manager {
 		t.Fatalf("create partitions: %v", err)
 	}
 	for i := 2; i <= monthsBack+1; i++ {
-		if _, err := m.EnsureMonth(ctx, time.Now().AddDate(0, -i, 0)); err != nil {
+		if _, err := m.EnsureMonth(ctx, partition.MonthStart(time.Now()).AddDate(0, -i, 0)); err != nil {
 			t.Fatalf("create partition: %v", err)
 		}
 	}

@@ -37,7 +37,8 @@ type Emulator struct {
 	// Output is what the emulator and the function printed (logs, EMF).
 	Output *Buffer
 
-	cmd *exec.Cmd
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when the emulator process has exited
 }
 
 // Buffer is a bytes.Buffer safe for concurrent writers.
@@ -60,13 +61,29 @@ func (b *Buffer) String() string {
 
 // Start runs bootstrap under the emulator at rie, with env as the function's
 // whole environment (plus PATH and HOME), and waits until it listens. Output
-// is also copied to mirror when it is not nil.
+// is also copied to mirror when it is not nil. Ports are picked free just
+// before the start; if another process takes one first and the emulator
+// exits, Start tries again with new ports.
 func Start(ctx context.Context, rie, bootstrap string, env map[string]string, mirror io.Writer) (*Emulator, error) {
 	for _, p := range []string{rie, bootstrap} {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("emulator: %w", err)
 		}
 	}
+	var err error
+	for range 3 {
+		var e *Emulator
+		if e, err = start(ctx, rie, bootstrap, env, mirror); err == nil {
+			return e, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
+}
+
+func start(ctx context.Context, rie, bootstrap string, env map[string]string, mirror io.Writer) (*Emulator, error) {
 	apiAddr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -80,7 +97,7 @@ func Start(ctx context.Context, rie, bootstrap string, env map[string]string, mi
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	e := &Emulator{URL: "http://" + rieAddr, Output: &Buffer{}, cmd: cmd}
+	e := &Emulator{URL: "http://" + rieAddr, Output: &Buffer{}, cmd: cmd, exited: make(chan struct{})}
 	var out io.Writer = e.Output
 	if mirror != nil {
 		out = io.MultiWriter(e.Output, mirror)
@@ -89,6 +106,10 @@ func Start(ctx context.Context, rie, bootstrap string, env map[string]string, mi
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start emulator: %w", err)
 	}
+	go func() {
+		_ = cmd.Wait()
+		close(e.exited)
+	}()
 	for {
 		c, err := net.DialTimeout("tcp", rieAddr, 200*time.Millisecond)
 		if err == nil {
@@ -96,6 +117,8 @@ func Start(ctx context.Context, rie, bootstrap string, env map[string]string, mi
 			return e, nil
 		}
 		select {
+		case <-e.exited:
+			return nil, fmt.Errorf("emulator exited while starting on %s:\n%s", rieAddr, e.Output.String())
 		case <-ctx.Done():
 			e.Close()
 			return nil, fmt.Errorf("emulator did not listen on %s: %w\n%s", rieAddr, ctx.Err(), e.Output.String())
@@ -129,20 +152,17 @@ func (e *Emulator) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 // Close stops the emulator and the function: SIGTERM, as Lambda sends on
 // shutdown (the functions close their pools on it), then SIGKILL after 3s.
 func (e *Emulator) Close() {
-	if e.cmd.Process == nil {
+	select {
+	case <-e.exited:
 		return
+	default:
 	}
-	done := make(chan struct{})
-	go func() {
-		_ = e.cmd.Wait()
-		close(done)
-	}()
 	_ = e.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-done:
+	case <-e.exited:
 	case <-time.After(3 * time.Second):
 		_ = e.cmd.Process.Kill()
-		<-done
+		<-e.exited
 	}
 }
 

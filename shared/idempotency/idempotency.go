@@ -302,6 +302,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	entry, fresh, err := m.cfg.Store.Register(ctx, scoped, fp, m.cfg.LiveTTL)
 	if err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store register failed", "error", err)
+		m.retryAfter(w)
 		m.problem(w, r, http.StatusServiceUnavailable, "idempotency_store_unavailable", "the idempotency store is unavailable; retry later", nil)
 		return
 	}
@@ -329,6 +330,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		default:
 			m.cfg.Logger.ErrorContext(ctx, "idempotency: archive unavailable, failing closed", "error", err)
 			m.release(ctx, scoped, fp)
+			m.retryAfter(w)
 			m.problem(w, r, http.StatusServiceUnavailable, "archive_unavailable", "cannot tell whether this key was used before; retry later", nil)
 			return
 		}
@@ -379,7 +381,7 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, e Entry, f
 		}
 		m.expired(w, r, status, e.ResourceID, e.CreatedAt, e.ExpiresAt)
 	case e.State == InFlight:
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, m.cfg.RetryAfter.Round(time.Second)/time.Second))))
+		m.retryAfter(w)
 		m.problem(w, r, http.StatusConflict, "idempotency_key_in_flight", "a request with this key is still being processed", nil)
 	default:
 		if e.ContentType != "" {
@@ -389,6 +391,10 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, e Entry, f
 		w.WriteHeader(e.Status)
 		_, _ = w.Write(e.Body)
 	}
+}
+
+func (m *Middleware) retryAfter(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", strconv.Itoa(int(max(1, m.cfg.RetryAfter.Round(time.Second)/time.Second))))
 }
 
 func (m *Middleware) expired(w http.ResponseWriter, r *http.Request, status int, resourceID *string, created, expired time.Time) {

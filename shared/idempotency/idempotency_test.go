@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -93,6 +94,8 @@ func (b bundle) middleware(t *testing.T, cfg idempotency.Config) *idempotency.Mi
 	if cfg.Archive == nil {
 		cfg.Archive = b.reader
 	}
+	// A loaded CI machine must not turn a slow lookup into a 503.
+	cfg.ArchiveTimeout = cmp.Or(cfg.ArchiveTimeout, 30*time.Second)
 	cfg.Metrics = metrics.New(b.metrics, "Test")
 	mw, err := idempotency.New(cfg)
 	require.NoError(t, err)
@@ -306,6 +309,7 @@ func TestArchiveUnavailable(t *testing.T) {
 	w := post(closed, "k", `{}`)
 	require.Equal(t, 503, w.Code)
 	require.Equal(t, "archive_unavailable", problemOf(t, w)["code"])
+	require.Equal(t, "1", w.Header().Get("Retry-After"))
 	require.Zero(t, h.calls.Load(), "fail closed: no charge without knowing")
 
 	open := b.middleware(t, idempotency.Config{Archive: &failingArchive{}, OnArchiveError: idempotency.FailOpen}).Wrap(h)
@@ -464,10 +468,11 @@ func TestPostgresStoreInEveryExecModeReplaysBodiesExactly(t *testing.T) {
 }
 
 // blockingArchive waits until the caller gives up, as a slow archive does
-// when the client disconnects.
-type blockingArchive struct{}
+// when the client disconnects; started is signalled when a lookup begins.
+type blockingArchive struct{ started chan struct{} }
 
-func (blockingArchive) Lookup(ctx context.Context, _ string, _ []byte) (archive.Record, error) {
+func (a blockingArchive) Lookup(ctx context.Context, _ string, _ []byte) (archive.Record, error) {
+	a.started <- struct{}{}
 	<-ctx.Done()
 	return archive.Record{}, ctx.Err()
 }
@@ -475,11 +480,12 @@ func (blockingArchive) Lookup(ctx context.Context, _ string, _ []byte) (archive.
 func TestAClientThatGoesAwayStillReleasesTheKey(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, b bundle) {
-		srv := b.middleware(t, idempotency.Config{Archive: blockingArchive{}}).Wrap(&charges{})
+		arch := blockingArchive{started: make(chan struct{}, 1)}
+		srv := b.middleware(t, idempotency.Config{Archive: arch}).Wrap(&charges{})
 		ctx, cancel := context.WithCancel(context.Background())
 		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`)).WithContext(ctx)
 		r.Header.Set(idempotency.HeaderKey, "gone")
-		go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+		go func() { <-arch.started; cancel() }() // the key is registered by then
 		w := httptest.NewRecorder()
 		srv.ServeHTTP(w, r)
 		require.Equal(t, 503, w.Code)

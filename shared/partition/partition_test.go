@@ -208,7 +208,7 @@ func TestInterruptedDetachIsFinalizedOnTheNextRun(t *testing.T) {
 	require.NoError(t, err)
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "SET statement_timeout = '300ms'")
+	_, err = conn.Exec(ctx, "SET statement_timeout = '2s'") // phase 1 commits, phase 2 waits for the reader
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2026_03 CONCURRENTLY")
 	require.Error(t, err)
