@@ -17,10 +17,10 @@ import (
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-xray-sdk-go/instrumentation/awsv2"
-	"github.com/aws/aws-xray-sdk-go/strategy/ctxmissing"
-	"github.com/aws/aws-xray-sdk-go/xray"
-	"github.com/aws/aws-xray-sdk-go/xraylog"
+	"github.com/aws/aws-xray-sdk-go/v2/instrumentation/awsv2"
+	"github.com/aws/aws-xray-sdk-go/v2/strategy/ctxmissing"
+	"github.com/aws/aws-xray-sdk-go/v2/xray"
+	"github.com/aws/aws-xray-sdk-go/v2/xraylog"
 )
 
 var configureOnce sync.Once
@@ -30,9 +30,10 @@ func inLambda() bool { return os.Getenv(xray.LambdaTaskRootKey) != "" }
 
 func configure() {
 	configureOnce.Do(func() {
-		// A missing segment must never fail or log on a request path.
-		_ = xray.Configure(xray.Config{ContextMissingStrategy: ctxmissing.NewDefaultIgnoreErrorStrategy()})
+		// A missing segment must never fail or log on a request path. The
+		// logger comes first: Configure itself logs at info level.
 		xray.SetLogger(xraylog.NewDefaultLogger(os.Stderr, xraylog.LogLevelError))
+		_ = xray.Configure(xray.Config{ContextMissingStrategy: ctxmissing.NewDefaultIgnoreErrorStrategy()})
 	})
 }
 
