@@ -10,9 +10,28 @@
 // New partitions are built beside the table and then attached, which needs only
 // a SHARE UPDATE EXCLUSIVE lock on the archive (CREATE TABLE ... PARTITION OF
 // would take ACCESS EXCLUSIVE and stall every lookup behind it). Old partitions
-// are detached with DETACH PARTITION ... CONCURRENTLY and dropped; a detach that
-// was interrupted is finalized on the next run. Runs hold an advisory lock, so
-// they are safe to run concurrently with each other and with sweepers.
+// are detached with DETACH PARTITION ... CONCURRENTLY and dropped. Runs hold an
+// advisory lock, so they are safe to run concurrently with each other and with
+// sweepers.
+//
+// The archive is permanent unless a retention says otherwise, so dropping is
+// the one step that can lose data, and it is fenced in:
+//
+//   - Config.Validate bounds RetentionMonths to 0 (keep forever) through
+//     MaxRetentionMonths, so the cutoff arithmetic cannot overflow.
+//   - Every DROP comes from retireStep, which asks mayRetire first. mayRetire
+//     does not trust the cutoff: it counts whole months with integers and
+//     refuses a partition that reaches into the current month or later, or
+//     that ends fewer than RetentionMonths months before it. A refusal is
+//     reported in Result.Refused and makes Run fail.
+//   - A month still inside the retention that was detached (a DETACH ...
+//     CONCURRENTLY interrupted, or a detach by hand) is attached again with its
+//     rows, never dropped.
+//
+// Partitions the manager did not make (a DEFAULT partition, bounds that are not
+// one UTC month) are reported in Result.Foreign with what to do, and the rest
+// is still managed; a step that fails is reported in Result.Failed and the run
+// goes on with the others.
 //
 //	m, err := partition.NewManager(pool, partition.Config{LeadMonths: 3}, emitter)
 //	res, err := m.Run(ctx, false)
@@ -40,27 +59,40 @@ import (
 // ArchiveTable is the partitioned parent table.
 const ArchiveTable = "idempotency_key_archive"
 
+// MaxRetentionMonths is the longest retention Config accepts: 100 years.
+// Someone who types a huge number means "forever", which is 0; and month
+// arithmetic on a huge number overflows into the future, where every partition
+// would look expired.
+const MaxRetentionMonths = 1200
+
+// MaxLeadMonths is the longest lead Config accepts: 10 years.
+const MaxLeadMonths = 120
+
 // Config configures the partition manager.
 type Config struct {
 	// LeadMonths is how many months after the current one must have a
-	// partition. Default 3; at least 2 (the runbook's minimum lead).
+	// partition. Default 3; 2 to MaxLeadMonths (2 is the runbook's minimum
+	// lead).
 	LeadMonths int
 	// RetentionMonths is how many whole months before the current one are
-	// kept. Partitions whose upper bound is older than the start of the current
-	// month minus RetentionMonths are detached and dropped. 0 (default) keeps
-	// every partition forever; the current month is never retired.
+	// kept. Partitions whose upper bound is at or before the start of the
+	// current month minus RetentionMonths are detached and dropped. 0 (default)
+	// keeps every partition forever; at most MaxRetentionMonths. The current
+	// month and later months are never retired.
 	RetentionMonths int
-	// LockTimeout bounds each wait for a table lock (lock_timeout). Default 5s.
+	// LockTimeout bounds each wait for a table lock (lock_timeout). Default 5s;
+	// at least 1ms (PostgreSQL reads 0 as "wait forever").
 	LockTimeout time.Duration
 	// StatementTimeout bounds each DDL statement (statement_timeout). DETACH
 	// ... CONCURRENTLY waits for transactions that use the partition, so give
-	// it room. Default 2 minutes.
+	// it room. Default 2 minutes; at least 1ms.
 	StatementTimeout time.Duration
 	// Now returns the current time. Default time.Now; tests move it.
 	Now func() time.Time
 }
 
-// WithDefaults returns c with zero fields set to their defaults.
+// WithDefaults returns c with zero fields set to their defaults. A zero
+// RetentionMonths stays 0: it means "keep forever", not "unset".
 func (c Config) WithDefaults() Config {
 	c.LeadMonths = cmp.Or(c.LeadMonths, 3)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 5*time.Second)
@@ -71,45 +103,157 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports a configuration that would leave the archive exposed.
+// ConfigError is a Config.Validate error about one field, so that a caller can
+// name the field its own way (an environment variable, a flag, a payload key).
+type ConfigError struct {
+	// Field is the Config field: LeadMonths, RetentionMonths, LockTimeout or
+	// StatementTimeout.
+	Field string
+	Msg   string
+}
+
+func (e *ConfigError) Error() string { return e.Msg }
+
+// Validate reports a configuration that would leave the archive exposed. Its
+// errors are *ConfigError.
 func (c Config) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case c.LeadMonths < 2:
-		return fmt.Errorf("partition lead must be at least 2 months, got %d", c.LeadMonths)
-	case c.LeadMonths > 120:
-		return fmt.Errorf("partition lead of %d months is more than 10 years", c.LeadMonths)
+		return bad("LeadMonths", "partition lead must be at least 2 months, got %d", c.LeadMonths)
+	case c.LeadMonths > MaxLeadMonths:
+		return bad("LeadMonths", "partition lead of %d months is more than %d (10 years)", c.LeadMonths, MaxLeadMonths)
 	case c.RetentionMonths < 0:
-		return fmt.Errorf("partition retention must not be negative (0 keeps everything), got %d", c.RetentionMonths)
-	case c.LockTimeout <= 0 || c.StatementTimeout <= 0:
-		return errors.New("partition lock and statement timeouts must be positive")
+		return bad("RetentionMonths", "partition retention must not be negative, got %d (0 keeps the archive forever)", c.RetentionMonths)
+	case c.RetentionMonths > MaxRetentionMonths:
+		return bad("RetentionMonths", "partition retention of %d months is more than %d (100 years); to keep the archive forever, set 0",
+			c.RetentionMonths, MaxRetentionMonths)
+	case c.LockTimeout < time.Millisecond:
+		return bad("LockTimeout", "partition lock timeout must be at least 1ms, got %s (0 would mean no timeout)", c.LockTimeout)
+	case c.StatementTimeout < time.Millisecond:
+		return bad("StatementTimeout", "partition statement timeout must be at least 1ms, got %s (0 would mean no timeout)", c.StatementTimeout)
 	}
 	return nil
 }
 
 // Partition is one attached (or detach-pending) partition of the archive.
 type Partition struct {
-	Name          string    `json:"name"`
-	From          time.Time `json:"from"` // inclusive; zero for MINVALUE
-	To            time.Time `json:"to"`   // exclusive; zero for MAXVALUE
-	DetachPending bool      `json:"detach_pending,omitempty"`
+	Name string    `json:"name"`
+	From time.Time `json:"from,omitzero"` // inclusive; zero for MINVALUE and DEFAULT
+	To   time.Time `json:"to,omitzero"`   // exclusive; zero for MAXVALUE and DEFAULT
+	// DetachPending marks a DETACH ... CONCURRENTLY that was interrupted: new
+	// queries no longer see the partition's rows.
+	DetachPending bool `json:"detach_pending,omitempty"`
+	// Default marks a DEFAULT partition. The manager never creates one.
+	Default bool `json:"default,omitempty"`
+	// Bound is PostgreSQL's text of the bound (pg_get_expr under TimeZone UTC).
+	Bound string `json:"bound,omitempty"`
+	// unreadable marks a bound that is not a timestamp range this package
+	// reads (a BC date, a year past 9999): From and To are then unknown, not
+	// unbounded.
+	unreadable bool
+}
+
+// Foreign explains a partition the manager did not make and does not manage
+// (a DEFAULT partition, bounds that are not exactly one UTC month) and what to
+// do about it. It returns "" for the manager's own kind of partition.
+func (p Partition) Foreign() string {
+	switch {
+	case p.Default:
+		return "a DEFAULT partition: rows of months without a partition land in it, a month holding such rows cannot " +
+			"be attached, and no partition can be detached concurrently; move its rows into monthly partitions and detach it"
+	case p.unreadable:
+		return fmt.Sprintf("bound %s is not a range of timestamps the manager reads; move its rows into monthly partitions and detach it", p.Bound)
+	case !isMonth(p.From, p.To):
+		return fmt.Sprintf("bounds [%s, %s) are not one UTC month; move its rows out, detach it and let the manager create UTC months",
+			formatBound(p.From), formatBound(p.To))
+	}
+	return ""
+}
+
+// readable reports whether p's From and To are its real bounds.
+func (p Partition) readable() bool { return !p.Default && !p.unreadable }
+
+func isMonth(from, to time.Time) bool {
+	return !from.IsZero() && from.Equal(MonthStart(from)) && to.Equal(from.AddDate(0, 1, 0))
+}
+
+// Foreign is a partition the manager does not manage, in a Result.
+type Foreign struct {
+	Name    string `json:"name"`
+	Bound   string `json:"bound"`
+	Problem string `json:"problem"`
+}
+
+// Refusal is a retirement the last check before DROP refused.
+type Refusal struct {
+	Partition string `json:"partition"`
+	Reason    string `json:"reason"`
+}
+
+// Failure is a step that failed or could not be planned; the run went on with
+// the others.
+type Failure struct {
+	Action    string `json:"action"` // create, reattach, retire
+	Partition string `json:"partition"`
+	Error     string `json:"error"`
 }
 
 // Result reports what a run did (or, in a dry run, would do).
 type Result struct {
-	DryRun     bool     `json:"dry_run"`
-	Created    []string `json:"created"`
+	DryRun  bool     `json:"dry_run"`
+	Created []string `json:"created"`
+	// Reattached lists months inside the retention that had been detached (an
+	// interrupted DETACH ... CONCURRENTLY, a detach by hand) and were attached
+	// again with their rows.
+	Reattached []string `json:"reattached"`
 	Retired    []string `json:"retired"`
+	// Finalized lists interrupted detaches that were completed, after which
+	// the partition was dropped (outside the retention, also in Retired) or
+	// attached again (also in Reattached).
 	Finalized  []string `json:"finalized"`
 	Statements []string `json:"statements"`
-	// NewestUpperBound is the exclusive upper bound of the newest partition.
-	NewestUpperBound time.Time `json:"newest_upper_bound"`
+	// Foreign lists partitions the manager does not manage.
+	Foreign []Foreign `json:"foreign,omitempty"`
+	// Refused lists retirements the guard refused; any makes Run fail.
+	Refused []Refusal `json:"refused,omitempty"`
+	// Failed lists steps that failed; any makes Run fail.
+	Failed []Failure `json:"failed,omitempty"`
+	// NewestUpperBound is the exclusive upper bound of the newest partition
+	// after the run (in a dry run: after the run would have created its
+	// months). Omitted when there is no bounded partition.
+	NewestUpperBound time.Time `json:"newest_upper_bound,omitzero"`
 	// NewestPartitionDays is the number of days from now to NewestUpperBound.
-	NewestPartitionDays float64 `json:"newest_partition_days"`
+	NewestPartitionDays float64 `json:"newest_partition_days,omitzero"`
 	ArchiveBytes        int64   `json:"archive_bytes"`
 	// ArchiveRows is PostgreSQL's estimate (pg_class.reltuples), refreshed by
 	// autovacuum and ANALYZE; it costs nothing to read.
 	ArchiveRows int64 `json:"archive_rows"`
 }
+
+// ErrRetirementRefused is wrapped by Run's error when the guard refused to
+// drop a partition that the retention arithmetic chose. Nothing was dropped;
+// it means a bug or a clock far off.
+var ErrRetirementRefused = errors.New("refused to retire a partition that is not outside the retention")
+
+// ErrIncomplete is wrapped by Run's error when a step failed or could not be
+// planned; Result.Failed says which and why, and the other steps ran.
+var ErrIncomplete = errors.New("partition run incomplete")
+
+// runError reports every problem of a run on one line.
+type runError []error
+
+func (e runError) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (e runError) Unwrap() []error { return e }
 
 // Manager creates and retires archive partitions.
 type Manager struct {
@@ -140,28 +284,45 @@ func Name(month time.Time) string {
 }
 
 // Covers reports whether one attached partition in parts covers the whole UTC
-// month starting at month.
+// month starting at month. A DEFAULT partition covers nothing: rows that land
+// in it block the month's own partition.
 func Covers(parts []Partition, month time.Time) bool {
 	end := month.AddDate(0, 1, 0)
 	return slices.ContainsFunc(parts, func(p Partition) bool {
-		return !p.DetachPending && !p.From.After(month) && (p.To.IsZero() || !p.To.Before(end))
+		return p.readable() && !p.DetachPending && !p.From.After(month) && (p.To.IsZero() || !p.To.Before(end))
 	})
 }
 
 // step is one unit of DDL: statements that run in one transaction, or alone
 // when they cannot run in a transaction.
 type step struct {
-	kind       string // "create", "retire", "finalize"
+	kind       string // "create", "reattach", "retire"
 	partition  string
 	statements []string
 	inTx       bool
+	// finalizes: the step completes an interrupted detach first.
+	finalizes bool
+	// to is the upper bound the partition has after a create or reattach.
+	to time.Time
 }
 
-// Run ensures partitions through LeadMonths ahead, retires expired ones,
-// emits the partition metrics, and reports what it did. With dryRun it only
-// plans and returns the DDL it would run.
+// planned is what a run is going to do, and what it cannot.
+type planned struct {
+	steps   []step
+	refused []Refusal
+	blocked []Failure
+}
+
+// Run ensures partitions through LeadMonths ahead, attaches again the months
+// inside the retention that were detached, retires expired ones, emits the
+// partition metrics, and reports what it did. With dryRun it only plans and
+// returns the DDL it would run.
+//
+// A step that fails does not stop the others: Run reports it in Result.Failed
+// and returns an error wrapping ErrIncomplete (or ErrRetirementRefused) with
+// the full Result. A cancelled context stops the run.
 func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
-	res := Result{DryRun: dryRun, Created: []string{}, Retired: []string{}, Finalized: []string{}, Statements: []string{}}
+	res := Result{DryRun: dryRun, Created: []string{}, Reattached: []string{}, Retired: []string{}, Finalized: []string{}, Statements: []string{}}
 	conn, err := m.pool.Acquire(ctx)
 	if err != nil {
 		return res, fmt.Errorf("acquire connection: %w", err)
@@ -189,36 +350,53 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	steps, err := m.plan(tbl, parts, orphans, now)
-	if err != nil {
-		return res, err
-	}
-	for _, s := range steps {
-		res.Statements = append(res.Statements, s.statements...)
-		if !dryRun {
-			if err := m.execute(ctx, conn.Conn(), s); err != nil {
-				return res, err
-			}
+	var deflt *Partition
+	for i, p := range parts {
+		if problem := p.Foreign(); problem != "" {
+			res.Foreign = append(res.Foreign, Foreign{Name: p.Name, Bound: p.Bound, Problem: problem})
 		}
-		switch s.kind {
-		case "create":
-			res.Created = append(res.Created, s.partition)
-		case "retire":
-			res.Retired = append(res.Retired, s.partition)
-		case "finalize":
-			res.Finalized = append(res.Finalized, s.partition)
+		if p.Default {
+			deflt = &parts[i]
 		}
 	}
 
+	pl := m.plan(tbl, parts, orphans, now)
+	var errs []error
+	for _, r := range pl.refused {
+		res.Refused = append(res.Refused, r)
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrRetirementRefused, r.Partition, r.Reason))
+	}
+	for _, f := range pl.blocked {
+		res.Failed = append(res.Failed, f)
+		errs = append(errs, fmt.Errorf("%w: %s partition %s: %s", ErrIncomplete, f.Action, f.Partition, f.Error))
+	}
+	for _, s := range pl.steps {
+		res.Statements = append(res.Statements, s.statements...)
+		if !dryRun {
+			if err := m.execute(ctx, conn.Conn(), s); err != nil {
+				if ctx.Err() != nil {
+					return res, err
+				}
+				msg := explain(err, deflt)
+				res.Failed = append(res.Failed, Failure{Action: s.kind, Partition: s.partition, Error: msg})
+				errs = append(errs, fmt.Errorf("%w: %s", ErrIncomplete, msg))
+				continue
+			}
+		}
+		res.record(s)
+	}
+
+	if !dryRun {
+		if parts, err = list(ctx, conn.Conn()); err != nil {
+			return res, err
+		}
+	}
+	res.NewestUpperBound = newest(parts)
 	if dryRun {
-		return res, nil
-	}
-	if parts, err = list(ctx, conn.Conn()); err != nil {
-		return res, err
-	}
-	for _, p := range parts {
-		if !p.DetachPending && p.To.After(res.NewestUpperBound) {
-			res.NewestUpperBound = p.To
+		for _, s := range pl.steps {
+			if s.to.After(res.NewestUpperBound) {
+				res.NewestUpperBound = s.to
+			}
 		}
 	}
 	if !res.NewestUpperBound.IsZero() {
@@ -227,16 +405,56 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 	if err := conn.QueryRow(ctx, sizeSQL, tbl.oid).Scan(&res.ArchiveBytes, &res.ArchiveRows); err != nil {
 		return res, fmt.Errorf("measure archive size: %w", err)
 	}
-	m.metrics.Emit(
-		metrics.Value{Name: metrics.ArchiveNewestPartitionDays, Unit: metrics.UnitNone, Value: res.NewestPartitionDays},
-		metrics.Value{Name: metrics.ArchiveBytes, Unit: metrics.UnitBytes, Value: float64(res.ArchiveBytes)},
-		metrics.Count(metrics.ArchiveRows, res.ArchiveRows),
-	)
+	if !dryRun {
+		m.metrics.Emit(
+			metrics.Value{Name: metrics.ArchiveNewestPartitionDays, Unit: metrics.UnitNone, Value: res.NewestPartitionDays},
+			metrics.Value{Name: metrics.ArchiveBytes, Unit: metrics.UnitBytes, Value: float64(res.ArchiveBytes)},
+			metrics.Count(metrics.ArchiveRows, res.ArchiveRows),
+		)
+	}
+	if len(errs) > 0 {
+		return res, runError(errs)
+	}
 	return res, nil
 }
 
+func (r *Result) record(s step) {
+	switch s.kind {
+	case "create":
+		r.Created = append(r.Created, s.partition)
+	case "reattach":
+		r.Reattached = append(r.Reattached, s.partition)
+	case "retire":
+		r.Retired = append(r.Retired, s.partition)
+	}
+	if s.finalizes {
+		r.Finalized = append(r.Finalized, s.partition)
+	}
+}
+
+// newest returns the highest finite upper bound of the attached partitions.
+func newest(parts []Partition) time.Time {
+	var t time.Time
+	for _, p := range parts {
+		if p.readable() && !p.DetachPending && p.To.After(t) {
+			t = p.To
+		}
+	}
+	return t
+}
+
+// explain turns a failed step into one line an operator can act on.
+func explain(err error, deflt *Partition) string {
+	msg := err.Error()
+	if deflt != nil && database.SQLState(err) == database.CodeCheckViolation {
+		msg += fmt.Sprintf(" (the DEFAULT partition %s holds rows of this month: move its rows into monthly partitions and detach it)", deflt.Name)
+	}
+	return msg
+}
+
 // EnsureMonth creates the partition for the UTC month containing t unless one
-// already covers it. The sweeper calls it when a batch hits a month without a
+// already covers it; a month whose detach was interrupted is attached again
+// with its rows. The sweeper calls it when a batch hits a month without a
 // partition. It returns the DDL it ran (none when the month was covered).
 func (m *Manager) EnsureMonth(ctx context.Context, t time.Time) ([]string, error) {
 	conn, err := m.pool.Acquire(ctx)
@@ -258,104 +476,268 @@ func (m *Manager) EnsureMonth(ctx context.Context, t time.Time) ([]string, error
 	if err != nil {
 		return nil, err
 	}
-	s, err := createStep(tbl, parts, MonthStart(t))
-	if err != nil || s == nil {
-		return nil, err
+	month := MonthStart(t)
+	exact, overlap := findMonth(parts, month)
+	var s step
+	switch {
+	case exact != nil && exact.DetachPending:
+		s = reattachStep(tbl, *exact)
+	case exact != nil:
+		return nil, nil
+	case overlap != nil:
+		return nil, overlapError(*overlap, month)
+	default:
+		s = createStep(tbl, month)
 	}
-	if err := m.execute(ctx, conn.Conn(), *s); err != nil {
+	if err := m.execute(ctx, conn.Conn(), s); err != nil {
 		return nil, err
 	}
 	return s.statements, nil
 }
 
-func (m *Manager) plan(tbl table, parts []Partition, orphans []string, now time.Time) ([]step, error) {
-	var steps []step
-	// Finish interrupted detaches first: a detach-pending partition blocks
-	// another concurrent detach of the same table.
+// plan decides the DDL of a run. Only retireStep writes a DROP or a DETACH
+// that is not followed by an ATTACH.
+func (m *Manager) plan(tbl table, parts []Partition, orphans []string, now time.Time) planned {
+	var pl planned
+	current := MonthStart(now)
+	retention := m.cfg.RetentionMonths
+	// expired is the retention arithmetic. It is not trusted alone: every
+	// partition it picks still has to pass mayRetire, in retireStep.
+	expired := func(to time.Time) bool {
+		return retention > 0 && !to.IsZero() && !to.After(current.AddDate(0, -retention, 0))
+	}
+	retire := func(name string, to time.Time, statements ...string) bool {
+		s, err := retireStep(name, to, now, retention, statements...)
+		if err != nil {
+			pl.refused = append(pl.refused, Refusal{Partition: name, Reason: err.Error()})
+			return false
+		}
+		pl.steps = append(pl.steps, s)
+		return true
+	}
+	var deflt *Partition
+	for i, p := range parts {
+		if p.Default && !p.DetachPending {
+			deflt = &parts[i]
+		}
+	}
+	// Months that a reattach below brings back.
+	handled := map[time.Time]bool{}
+
+	// Interrupted detaches first: a detach-pending partition is invisible to
+	// new queries and blocks every other concurrent detach of the table. Each
+	// is finalized in one transaction with what follows, dropping it (outside
+	// the retention) or attaching it again (inside), so its rows are never
+	// out of the archive between two statements.
 	for _, p := range parts {
-		if p.DetachPending {
-			steps = append(steps, step{kind: "finalize", partition: p.Name, statements: []string{
-				fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", tbl.qualified(), tbl.sibling(p.Name)),
-				fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name)),
-			}})
+		if !p.DetachPending {
+			continue
+		}
+		if p.readable() && expired(p.To) {
+			finalize := fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", tbl.qualified(), tbl.sibling(p.Name))
+			if retire(p.Name, p.To, finalize, fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name))) {
+				continue
+			}
+		}
+		pl.steps = append(pl.steps, reattachStep(tbl, p))
+		if p.readable() && isMonth(p.From, p.To) {
+			handled[p.From] = true
+		}
+	}
+
+	// Tables named like a monthly partition but detached entirely: by hand, or
+	// by an earlier run whose DROP failed. Outside the retention they are
+	// dropped; inside, attached again with their rows.
+	for _, name := range orphans {
+		month, err := time.Parse("2006_01", strings.TrimPrefix(name, ArchiveTable+"_"))
+		if err != nil {
+			continue
+		}
+		if expired(month.AddDate(0, 1, 0)) && retire(name, month.AddDate(0, 1, 0), fmt.Sprintf("DROP TABLE IF EXISTS %s", tbl.sibling(name))) {
+			continue
+		}
+		switch exact, overlap := findMonth(parts, month); {
+		case exact != nil:
+			pl.blocked = append(pl.blocked, Failure{Action: "reattach", Partition: name, Error: fmt.Sprintf(
+				"detached table %s holds rows of %s, which partition %s covers now: move its rows into the archive and drop it",
+				name, month.Format("2006-01"), exact.Name)})
+		case overlap != nil:
+			pl.blocked = append(pl.blocked, Failure{Action: "reattach", Partition: name, Error: overlapError(*overlap, month).Error()})
+		default:
+			s := createStep(tbl, month)
+			s.kind = "reattach"
+			pl.steps = append(pl.steps, s)
+			handled[month] = true
 		}
 	}
 
 	// From the previous month: right after midnight on the 1st, the sweeper
 	// still archives keys that expired last month, and a fresh install needs
 	// that month too.
-	current := MonthStart(now)
 	for i := -1; i <= m.cfg.LeadMonths; i++ {
-		s, err := createStep(tbl, parts, current.AddDate(0, i, 0))
-		if err != nil {
-			return nil, err
+		month := current.AddDate(0, i, 0)
+		if handled[month] {
+			continue
 		}
-		if s != nil {
-			steps = append(steps, *s)
+		switch exact, overlap := findMonth(parts, month); {
+		case exact != nil:
+		case overlap != nil:
+			pl.blocked = append(pl.blocked, Failure{Action: "create", Partition: Name(month), Error: overlapError(*overlap, month).Error()})
+		default:
+			pl.steps = append(pl.steps, createStep(tbl, month))
 		}
 	}
 
-	if m.cfg.RetentionMonths > 0 {
-		cutoff := current.AddDate(0, -m.cfg.RetentionMonths, 0)
-		for _, p := range parts {
-			if p.DetachPending || p.To.IsZero() || p.To.After(cutoff) {
+	for _, p := range parts {
+		if p.DetachPending || !p.readable() || !expired(p.To) {
+			continue
+		}
+		if deflt != nil {
+			// PostgreSQL refuses DETACH ... CONCURRENTLY beside a DEFAULT
+			// partition, and a plain DETACH would lock every lookup out.
+			if err := mayRetire(p.To, now, retention); err == nil {
+				pl.blocked = append(pl.blocked, Failure{Action: "retire", Partition: p.Name, Error: fmt.Sprintf(
+					"cannot detach concurrently while the DEFAULT partition %s exists: move its rows into monthly partitions and detach it", deflt.Name)})
 				continue
 			}
-			steps = append(steps, step{kind: "retire", partition: p.Name, statements: []string{
-				fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", tbl.qualified(), tbl.sibling(p.Name)),
-				fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name)),
-			}})
 		}
-		// A partition detached by an earlier run whose DROP failed.
-		for _, name := range orphans {
-			month, err := time.Parse("2006_01", strings.TrimPrefix(name, ArchiveTable+"_"))
-			if err != nil || month.AddDate(0, 1, 0).After(cutoff) {
-				continue
-			}
-			steps = append(steps, step{kind: "retire", partition: name, statements: []string{
-				fmt.Sprintf("DROP TABLE IF EXISTS %s", tbl.sibling(name)),
-			}})
-		}
+		retire(p.Name, p.To,
+			fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", tbl.qualified(), tbl.sibling(p.Name)),
+			fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name)))
 	}
-	return steps, nil
+	return pl
 }
 
-// createStep plans the partition for month, or returns nil when a partition
-// with exactly its bounds exists. A partition that overlaps the month with other
-// bounds (one created by hand in a local time zone, say) is an error that names
-// it, rather than a doomed ATTACH.
-func createStep(tbl table, parts []Partition, month time.Time) (*step, error) {
+// retireStep is the only way to a step that drops a partition: it returns
+// one only when mayRetire agrees. A finalizing retirement (statements that
+// start with DETACH ... FINALIZE) runs in one transaction; DETACH ...
+// CONCURRENTLY cannot run in one.
+func retireStep(name string, to, now time.Time, retention int, statements ...string) (step, error) {
+	if err := mayRetire(to, now, retention); err != nil {
+		return step{}, err
+	}
+	finalizes := strings.HasSuffix(statements[0], " FINALIZE")
+	return step{kind: "retire", partition: name, statements: statements, inTx: finalizes, finalizes: finalizes}, nil
+}
+
+// mayRetire is the last word before a partition ending at to is dropped. It
+// does not trust the cutoff that chose the partition: it checks the retention
+// is one Config.Validate allows, that the partition ends at or before the
+// start of the current UTC month, and counts with integers the whole months
+// between its end and the current month, which must be at least retention.
+func mayRetire(to, now time.Time, retention int) error {
+	current := MonthStart(now)
+	switch {
+	case retention < 1 || retention > MaxRetentionMonths:
+		return fmt.Errorf("retention of %d months is not between 1 and %d", retention, MaxRetentionMonths)
+	case to.IsZero():
+		return errors.New("it has no upper bound")
+	case to.After(current):
+		return fmt.Errorf("it ends %s, inside or after the current month %s", formatBound(to), current.Format("2006-01"))
+	}
+	end := MonthStart(to)
+	if end.Before(to) {
+		end = end.AddDate(0, 1, 0) // a partial month counts as kept
+	}
+	gap := (current.Year()-end.Year())*12 + int(current.Month()) - int(end.Month())
+	if gap < retention {
+		return fmt.Errorf("it ends %s, %d whole months before the current month, inside the retention of %d months",
+			formatBound(to), gap, retention)
+	}
+	return nil
+}
+
+// findMonth returns the partition in parts with exactly month's bounds, or
+// else one whose bounds overlap it. DEFAULT partitions and bounds this package
+// cannot read are left to PostgreSQL, which refuses a conflicting ATTACH.
+func findMonth(parts []Partition, month time.Time) (exact, overlap *Partition) {
 	from, to := month, month.AddDate(0, 1, 0)
-	for _, p := range parts {
-		if p.From.Equal(from) && p.To.Equal(to) {
-			return nil, nil
+	for i, p := range parts {
+		if !p.readable() {
+			continue
 		}
-		overlaps := (p.From.IsZero() || p.From.Before(to)) && (p.To.IsZero() || p.To.After(from))
-		if overlaps {
-			return nil, fmt.Errorf("partition %s covers [%s, %s), which overlaps UTC month %s: re-create it with UTC month bounds",
-				p.Name, formatBound(p.From), formatBound(p.To), month.Format("2006-01"))
+		if p.From.Equal(from) && p.To.Equal(to) {
+			return &parts[i], nil
+		}
+		if (p.From.IsZero() || p.From.Before(to)) && (p.To.IsZero() || p.To.After(from)) && overlap == nil {
+			overlap = &parts[i]
 		}
 	}
+	return nil, overlap
+}
+
+// overlapError names a partition created by hand with other bounds (the
+// runbook's snippet run in a local time zone, say), rather than a doomed ATTACH.
+func overlapError(p Partition, month time.Time) error {
+	return fmt.Errorf("partition %s covers [%s, %s), which overlaps UTC month %s: re-create it with UTC month bounds",
+		p.Name, formatBound(p.From), formatBound(p.To), month.Format("2006-01"))
+}
+
+// createStep plans the partition for month. CREATE TABLE IF NOT EXISTS makes
+// the same statements attach again a table of that name that was detached.
+func createStep(tbl table, month time.Time) step {
 	name := Name(month)
 	part := tbl.sibling(name)
-	check := pgx.Identifier{name + "_bounds"}.Sanitize()
-	lo, hi := literal(from), literal(to)
-	stmts := []string{
-		// IF NOT EXISTS re-attaches a month detached by an interrupted retirement.
+	stmts := append([]string{
 		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)", part, tbl.qualified()),
-		// The CHECK constraint lets ATTACH skip scanning the new table.
-		fmt.Sprintf("ALTER TABLE %s ADD CONSTRAINT %s CHECK (expired_at IS NOT NULL AND expired_at >= %s AND expired_at < %s)", part, check, lo, hi),
+	}, attachStatements(tbl, Partition{Name: name, From: month, To: month.AddDate(0, 1, 0)})...)
+	return step{kind: "create", partition: name, statements: stmts, inTx: true, to: month.AddDate(0, 1, 0)}
+}
+
+// reattachStep finalizes p's interrupted detach and attaches it again with
+// its own bounds, in one transaction.
+func reattachStep(tbl table, p Partition) step {
+	stmts := append([]string{
+		fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", tbl.qualified(), tbl.sibling(p.Name)),
+	}, attachStatements(tbl, p)...)
+	s := step{kind: "reattach", partition: p.Name, statements: stmts, inTx: true, finalizes: true}
+	if p.readable() {
+		s.to = p.To
+	}
+	return s
+}
+
+// attachStatements attaches the table named p.Name with p's bounds.
+func attachStatements(tbl table, p Partition) []string {
+	part := tbl.sibling(p.Name)
+	owner := fmt.Sprintf("ALTER TABLE %s OWNER TO %s", part, pgx.Identifier{tbl.owner}.Sanitize())
+	if !p.readable() {
+		// PostgreSQL's own text of the bound, as it printed it.
+		return []string{fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s %s", tbl.qualified(), part, p.Bound), owner}
+	}
+	var conds []string
+	lo, hi := "MINVALUE", "MAXVALUE"
+	if !p.From.IsZero() {
+		lo = literal(p.From)
+		conds = append(conds, "expired_at >= "+lo)
+	}
+	if !p.To.IsZero() {
+		hi = literal(p.To)
+		conds = append(conds, "expired_at < "+hi)
+	}
+	check := pgx.Identifier{p.Name + "_bounds"}.Sanitize()
+	return []string{
+		// The CHECK constraint lets ATTACH skip scanning the table; on a table
+		// with rows, it is where a row outside the month is found.
+		fmt.Sprintf("ALTER TABLE %s ADD CONSTRAINT %s CHECK (%s)", part, check, strings.Join(append([]string{"expired_at IS NOT NULL"}, conds...), " AND ")),
 		fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)", tbl.qualified(), part, lo, hi),
 		fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT %s", part, check),
 		// Keep every partition with the archive's owner, so that whoever may
 		// manage the archive may later detach and drop it.
-		fmt.Sprintf("ALTER TABLE %s OWNER TO %s", part, pgx.Identifier{tbl.owner}.Sanitize()),
+		owner,
 	}
-	return &step{kind: "create", partition: name, statements: stmts, inTx: true}, nil
 }
 
 func (m *Manager) execute(ctx context.Context, conn *pgx.Conn, s step) error {
-	settings := database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout)
+	lockTimeout := m.cfg.LockTimeout
+	if s.finalizes {
+		// DETACH ... FINALIZE first waits for every older snapshot in the
+		// database, a wait that lock_timeout cuts short. It blocks no reader
+		// or writer meanwhile (it holds SHARE UPDATE EXCLUSIVE on the
+		// archive), so let it wait as long as a statement may.
+		lockTimeout = max(lockTimeout, m.cfg.StatementTimeout)
+	}
+	settings := database.Timeouts(lockTimeout, m.cfg.StatementTimeout)
 	if s.inTx {
 		err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
 			for _, stmt := range s.statements {
@@ -492,12 +874,15 @@ func list(ctx context.Context, conn *pgx.Conn) ([]Partition, error) {
 		defer rows.Close()
 		for rows.Next() {
 			var p Partition
-			var bound string
-			if err := rows.Scan(&p.Name, &bound, &p.DetachPending); err != nil {
+			if err := rows.Scan(&p.Name, &p.Bound, &p.DetachPending); err != nil {
 				return err
 			}
-			if p.From, p.To, err = parseBound(bound); err != nil {
-				return fmt.Errorf("partition %s: %w", p.Name, err)
+			// A partition added by hand must not stop the manager from
+			// managing the rest: it is kept, marked, and reported.
+			if p.Bound == "DEFAULT" {
+				p.Default = true
+			} else if p.From, p.To, err = parseBound(p.Bound); err != nil {
+				p.From, p.To, p.unreadable = time.Time{}, time.Time{}, true
 			}
 			parts = append(parts, p)
 		}
@@ -512,7 +897,8 @@ func list(ctx context.Context, conn *pgx.Conn) ([]Partition, error) {
 var boundRE = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'[^']*')\) TO \((MAXVALUE|'[^']*')\)$`)
 
 // parseBound parses "FOR VALUES FROM ('2026-09-01 00:00:00+00') TO (...)" as
-// printed under TimeZone UTC. MINVALUE and MAXVALUE come back as zero times.
+// printed under TimeZone UTC, with fractional seconds where a bound has them.
+// MINVALUE and MAXVALUE come back as zero times.
 func parseBound(s string) (from, to time.Time, err error) {
 	m := boundRE.FindStringSubmatch(s)
 	if m == nil {
@@ -539,11 +925,11 @@ func parseTimestamp(s string) (time.Time, error) {
 
 // literal renders t as a timestamptz literal with an explicit UTC offset, so
 // that its meaning does not depend on the session's TimeZone.
-func literal(t time.Time) string { return "'" + t.UTC().Format("2006-01-02 15:04:05+00") + "'" }
+func literal(t time.Time) string { return "'" + t.UTC().Format("2006-01-02 15:04:05.999999+00") + "'" }
 
 func formatBound(t time.Time) string {
 	if t.IsZero() {
 		return "unbounded"
 	}
-	return t.UTC().Format(time.RFC3339)
+	return t.UTC().Format(time.RFC3339Nano)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -131,16 +132,33 @@ func TestRunIsIdempotentAndEmitsMetrics(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	for _, cfg := range []partition.Config{
-		{LeadMonths: 1},
-		{LeadMonths: -1},
-		{RetentionMonths: -1},
+	for _, tc := range []struct {
+		cfg   partition.Config
+		field string
+		want  string
+	}{
+		{partition.Config{LeadMonths: 1}, "LeadMonths", "at least 2"},
+		{partition.Config{LeadMonths: -1}, "LeadMonths", "at least 2"},
+		{partition.Config{LeadMonths: 121}, "LeadMonths", "more than 120"},
+		{partition.Config{RetentionMonths: -1}, "RetentionMonths", "must not be negative"},
+		{partition.Config{RetentionMonths: math.MinInt}, "RetentionMonths", "0 keeps the archive forever"},
+		{partition.Config{RetentionMonths: 1201}, "RetentionMonths", "more than 1200 (100 years); to keep the archive forever, set 0"},
+		{partition.Config{RetentionMonths: 1000000000000000}, "RetentionMonths", "set 0"},
+		{partition.Config{RetentionMonths: math.MaxInt}, "RetentionMonths", "set 0"},
+		// Under a millisecond renders as 0ms, which PostgreSQL reads as no timeout.
+		{partition.Config{LockTimeout: 900 * time.Microsecond}, "LockTimeout", "at least 1ms"},
+		{partition.Config{StatementTimeout: -time.Second}, "StatementTimeout", "at least 1ms"},
 	} {
-		_, err := partition.NewManager(nil, cfg, nil)
-		require.Error(t, err, "%+v", cfg)
+		_, err := partition.NewManager(nil, tc.cfg, nil)
+		require.ErrorContains(t, err, tc.want, "%+v", tc.cfg)
+		var ce *partition.ConfigError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, tc.field, ce.Field)
 	}
-	_, err := partition.NewManager(nil, partition.Config{LeadMonths: 2, RetentionMonths: 1}, nil)
-	require.NoError(t, err)
+	for _, retention := range []int{0, 1, partition.MaxRetentionMonths} {
+		_, err := partition.NewManager(nil, partition.Config{LeadMonths: 2, RetentionMonths: retention}, nil)
+		require.NoError(t, err, retention)
+	}
 }
 
 func TestDryRunPrintsDDLAndChangesNothing(t *testing.T) {
@@ -193,40 +211,26 @@ func TestRetentionDetachesAndDropsOldMonthsOnly(t *testing.T) {
 	require.Equal(t, []string{"idempotency_key_archive_2026_09", "idempotency_key_archive_2026_10"}, res.Retired)
 }
 
-func TestInterruptedDetachIsFinalizedOnTheNextRun(t *testing.T) {
+func TestInterruptedDetachOutsideTheRetentionIsFinalizedAndDropped(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	m := newManager(t, db.Pool, partition.Config{Now: at("2026-12-02T10:00:00Z")})
+	m := newManager(t, db.Pool, partition.Config{RetentionMonths: 3, Now: at("2026-12-02T10:00:00Z")})
 	_, err := m.EnsureMonth(ctx, month(2026, time.March))
 	require.NoError(t, err)
 
-	// GIVEN a DETACH ... CONCURRENTLY cancelled while it waited for a reader
-	reader, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = reader.Exec(ctx, "SELECT count(*) FROM idempotency_key_archive")
-	require.NoError(t, err)
-	conn, err := db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "SET statement_timeout = '2s'") // phase 1 commits, phase 2 waits for the reader
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2026_03 CONCURRENTLY")
-	require.Error(t, err)
-	_, err = conn.Exec(ctx, "RESET statement_timeout")
-	require.NoError(t, err)
-	conn.Release()
-	require.NoError(t, reader.Rollback(ctx))
-	parts, err := partition.List(ctx, db.Pool)
-	require.NoError(t, err)
-	require.True(t, parts[0].DetachPending, "the detach should be pending: %+v", parts)
+	// GIVEN a DETACH ... CONCURRENTLY of March cancelled while it waited for a reader
+	interruptDetach(t, db, "idempotency_key_archive_2026_03")
 
-	// WHEN the manager runs (with no retention at all)
+	// WHEN the manager runs with a retention that March is outside of
 	res, err := m.Run(ctx, false)
 	require.NoError(t, err)
 
 	// THEN it finalizes the detach and drops the table
 	require.Equal(t, []string{"idempotency_key_archive_2026_03"}, res.Finalized)
-	parts, err = partition.List(ctx, db.Pool)
+	require.Equal(t, []string{"idempotency_key_archive_2026_03"}, res.Retired)
+	require.Empty(t, res.Reattached)
+	parts, err := partition.List(ctx, db.Pool)
 	require.NoError(t, err)
 	require.NotContains(t, names(parts), "idempotency_key_archive_2026_03")
 	require.EqualValues(t, 0, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE relname = 'idempotency_key_archive_2026_03' AND relnamespace = current_schema()::regnamespace"))

@@ -1,7 +1,9 @@
 // Package verify runs the runbook's four verification checks against a live
 // database: the expired backlog is zero, recent archive rows exist, the archive
 // has no column able to hold a payload, and partitions exist at least two
-// months ahead.
+// months ahead. A DEFAULT partition (added by hand) fails the last check, with
+// what to do: rows of months without a partition land in it and block those
+// months' partitions.
 package verify
 
 import (
@@ -97,9 +99,26 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 		}
 	}
 	var newest time.Time
+	var advice []string
+	hasDefault := false
 	for _, p := range parts {
-		if !p.DetachPending && p.To.After(newest) {
+		if p.DetachPending {
+			advice = append(advice, fmt.Sprintf("%s is detach-pending (its rows are invisible): run archivectl partitions to attach it again", p.Name))
+			continue
+		}
+		if p.Default {
+			// Rows of months without a partition land in DEFAULT, where
+			// they block the month's partition: the check fails until it
+			// is gone.
+			hasDefault = true
+			advice = append(advice, fmt.Sprintf("DEFAULT partition %s: move its rows into monthly partitions and detach it", p.Name))
+			continue
+		}
+		if p.To.After(newest) {
 			newest = p.To
+		}
+		if problem := p.Foreign(); problem != "" && overlaps(p, current, current.AddDate(0, 3, 0)) && len(missing) > 0 {
+			advice = append(advice, fmt.Sprintf("%s: %s", p.Name, problem))
 		}
 	}
 	figure = "no partitions"
@@ -109,6 +128,18 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	if len(missing) > 0 {
 		figure += "; missing " + strings.Join(missing, ", ")
 	}
-	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0, figure})
+	if len(advice) > 0 {
+		figure += "; " + strings.Join(advice, "; ")
+	}
+	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0 && !hasDefault, figure})
 	return checks, nil
+}
+
+// overlaps reports whether p's bounds meet [from, to). Bounds the partition
+// package cannot read count as meeting it.
+func overlaps(p partition.Partition, from, to time.Time) bool {
+	if p.From.IsZero() && p.To.IsZero() {
+		return true
+	}
+	return (p.From.IsZero() || p.From.Before(to)) && (p.To.IsZero() || p.To.After(from))
 }
