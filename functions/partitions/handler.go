@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/idemarchive/idemarchive/shared/fnenv"
@@ -39,6 +40,15 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partitio
 	if opts.RetentionMonths != nil {
 		cfg.RetentionMonths = *opts.RetentionMonths
 	}
+	// Validate before connecting: a bad override is the caller's mistake and
+	// must never reach the manager.
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		var ce *partition.ConfigError
+		if errors.As(err, &ce) && ce.Field == "RetentionMonths" && opts.RetentionMonths != nil {
+			return partition.Result{}, fmt.Errorf("invalid options: retention_months: %w", err)
+		}
+		return partition.Result{}, fmt.Errorf("invalid options: %w", err)
+	}
 	pool, err := h.env.DB.Get(ctx)
 	if err != nil {
 		return partition.Result{}, err
@@ -48,11 +58,15 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partitio
 		return partition.Result{}, err
 	}
 	res, err := m.Run(ctx, opts.DryRun)
+	for _, f := range res.Foreign {
+		log.WarnContext(ctx, "partition not managed", "partition", f.Name, "bound", f.Bound, "problem", f.Problem)
+	}
 	if err != nil {
-		log.ErrorContext(ctx, "partition run failed", "error", err, "created", res.Created, "retired", res.Retired)
+		log.ErrorContext(ctx, "partition run failed", "error", err, "created", res.Created, "reattached", res.Reattached,
+			"retired", res.Retired, "failed", res.Failed, "refused", res.Refused)
 		return res, err
 	}
-	log.InfoContext(ctx, "partition run finished", "dry_run", res.DryRun, "created", res.Created, "retired", res.Retired,
-		"finalized", res.Finalized, "newest_partition_days", res.NewestPartitionDays)
+	log.InfoContext(ctx, "partition run finished", "dry_run", res.DryRun, "created", res.Created, "reattached", res.Reattached,
+		"retired", res.Retired, "finalized", res.Finalized, "newest_partition_days", res.NewestPartitionDays)
 	return res, nil
 }

@@ -1,13 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
@@ -48,6 +54,11 @@ func TestDryRunEventRunsNothing(t *testing.T) {
 	require.NoError(t, json.Unmarshal(out, &res))
 	require.True(t, res.DryRun)
 	require.Len(t, res.Created, 6, "lead_months 4 plans six months, from the previous one")
+	// The newest bound is the one the run would leave, not year 1.
+	want := partition.MonthStart(time.Now()).AddDate(0, 5, 0)
+	require.Equal(t, want, res.NewestUpperBound)
+	require.Greater(t, res.NewestPartitionDays, 120.0)
+	require.Contains(t, string(out), `"newest_upper_bound":"`+want.Format(time.RFC3339)+`"`)
 	require.EqualValues(t, 0, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency_key_archive'::regclass"))
 }
 
@@ -63,4 +74,88 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
 		require.ErrorContains(t, err, want, payload)
 	}
+}
+
+// archived gives db partitions from six months back through three ahead, with
+// a row in each, and returns the number of rows.
+func archived(t *testing.T, db *dbtest.DB) int64 {
+	t.Helper()
+	db.Partition(t, 5)
+	cur := partition.MonthStart(time.Now())
+	var n int64
+	for i := -6; i <= 3; i++ {
+		mo := cur.AddDate(0, i, 0)
+		dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "k " + partition.Name(mo), Status: 201, ExpiredAt: mo.Add(time.Hour)})
+		n++
+	}
+	return n
+}
+
+func TestHostileRetentionPayloadsLoseNoRow(t *testing.T) {
+	t.Parallel()
+	db, h, _ := setup(t)
+	rows := archived(t, db)
+	const attached = "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency_key_archive'::regclass AND NOT inhdetachpending"
+	parts := dbtest.Count(t, db.Pool, attached)
+	for payload, want := range map[string]string{
+		`{"retention_months": 1000000000000000}`:                  "retention_months: partition retention of 1000000000000000 months is more than 1200 (100 years); to keep the archive forever, set 0",
+		fmt.Sprintf(`{"retention_months": %d}`, math.MaxInt):      "to keep the archive forever, set 0",
+		`{"retention_months": 1201}`:                              "more than 1200",
+		`{"retention_months": -5}`:                                "must not be negative, got -5 (0 keeps the archive forever)",
+		fmt.Sprintf(`{"retention_months": %d}`, math.MinInt):      "must not be negative",
+		`{"retention_months": 99999999999999999999}`:              "retention_months",
+		`{"retention_months": 1e15}`:                              "retention_months",
+		`{"dry_run": true, "retention_months": 1000000000000000}`: "set 0",
+	} {
+		_, err := h.Invoke(testenv.Invocation("req-hostile"), []byte(payload))
+		require.ErrorContains(t, err, want, payload)
+		require.Equal(t, rows, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"), payload)
+		require.Equal(t, parts, dbtest.Count(t, db.Pool, attached), payload)
+	}
+
+	// The largest retention allowed runs and keeps every month.
+	out, err := h.Invoke(testenv.Invocation("req-max"), []byte(`{"retention_months": 1200}`))
+	require.NoError(t, err)
+	var res partition.Result
+	require.NoError(t, json.Unmarshal(out, &res))
+	require.Empty(t, res.Retired)
+	require.Equal(t, rows, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+}
+
+func TestHostileRetentionInTheEnvironmentStopsTheInit(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	rows := archived(t, db)
+	for _, v := range []string{"1000000000000000", fmt.Sprint(math.MaxInt), "-1", "1201"} {
+		getenv := func(k string) string {
+			return map[string]string{"DATABASE_URL": db.URL, "PARTITION_RETENTION_MONTHS": v}[k]
+		}
+		_, err := fnenv.Load(context.Background(), getenv, &testenv.SyncBuffer{}, &testenv.SyncBuffer{})
+		require.ErrorContains(t, err, "PARTITION_RETENTION_MONTHS", v)
+	}
+	require.Equal(t, rows, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+}
+
+func TestAScheduledRunAttachesTheCurrentMonthAgain(t *testing.T) {
+	t.Parallel()
+	db, h, _ := setup(t)
+	ctx := context.Background()
+	rows := archived(t, db)
+	name := partition.Name(partition.MonthStart(time.Now()))
+	// GIVEN the current month detached by hand, its rows out of the archive
+	_, err := db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION "+name)
+	require.NoError(t, err)
+	require.Equal(t, rows-1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+
+	// WHEN the scheduled run comes, keeping everything
+	out, err := h.Invoke(testenv.Invocation("req-reattach"), testenv.Event(t, "partitions-schedule.json"))
+	require.NoError(t, err)
+
+	// THEN the month is back with its rows
+	var res partition.Result
+	require.NoError(t, json.Unmarshal(out, &res))
+	require.Equal(t, []string{name}, res.Reattached)
+	require.Empty(t, res.Retired)
+	require.Equal(t, rows, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+	require.True(t, strings.Contains(strings.Join(res.Statements, "\n"), "ATTACH PARTITION"))
 }
