@@ -59,7 +59,7 @@ var Variables = []Variable{
 	{"SWEEP_RESOURCE_ID_PATH", "id", "dotted JSON path of the resource id in the stored response"},
 	{"SWEEP_MISSING_PARTITION", "create", "create: make a missing month's partition and retry; fail: stop with an error naming the month"},
 	{"PARTITION_LEAD_MONTHS", "3", "months ahead of the current one that must have partitions (at least 2)"},
-	{"PARTITION_RETENTION_MONTHS", "0", "whole months kept before the current one; 0 keeps the archive forever"},
+	{"PARTITION_RETENTION_MONTHS", "0", "whole months kept before the current one, at most 1200; 0 keeps the archive forever"},
 	{"PARTITION_LOCK_TIMEOUT", "5s", "lock_timeout of partition DDL"},
 	{"PARTITION_STATEMENT_TIMEOUT", "2m", "statement_timeout of partition DDL"},
 }
@@ -115,12 +115,30 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		return s, fmt.Errorf("SWEEP_*: %w", err)
 	}
 	if err := s.Partitions.WithDefaults().Validate(); err != nil {
-		return s, fmt.Errorf("PARTITION_*: %w", err)
+		return s, fmt.Errorf("%s: %w", partitionVariable(err), err)
 	}
 	if err := s.Archive.WithDefaults().Validate(); err != nil {
 		return s, fmt.Errorf("LIVE_TTL/CLOCK_SKEW/SKIP_MARGIN: %w", err)
 	}
 	return s, nil
+}
+
+// partitionVariable names the variable behind a partition.Config error.
+func partitionVariable(err error) string {
+	var ce *partition.ConfigError
+	if errors.As(err, &ce) {
+		switch ce.Field {
+		case "LeadMonths":
+			return "PARTITION_LEAD_MONTHS"
+		case "RetentionMonths":
+			return "PARTITION_RETENTION_MONTHS"
+		case "LockTimeout":
+			return "PARTITION_LOCK_TIMEOUT"
+		case "StatementTimeout":
+			return "PARTITION_STATEMENT_TIMEOUT"
+		}
+	}
+	return "PARTITION_*"
 }
 
 type reader struct {

@@ -75,3 +75,27 @@ func TestEveryVariableIsDocumentedInTheREADME(t *testing.T) {
 		}
 	}
 }
+
+func TestPartitionRetentionIsBounded(t *testing.T) {
+	for value, want := range map[string]string{
+		"1000000000000000":     "PARTITION_RETENTION_MONTHS: partition retention of 1000000000000000 months is more than 1200 (100 years); to keep the archive forever, set 0",
+		"9223372036854775807":  "PARTITION_RETENTION_MONTHS: partition retention of 9223372036854775807 months",
+		"1201":                 "PARTITION_RETENTION_MONTHS",
+		"-1":                   "PARTITION_RETENTION_MONTHS: partition retention must not be negative, got -1 (0 keeps the archive forever)",
+		"99999999999999999999": "PARTITION_RETENTION_MONTHS",
+	} {
+		_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "PARTITION_RETENTION_MONTHS": value}))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("PARTITION_RETENTION_MONTHS=%s: got %v, want %q", value, err, want)
+		}
+	}
+	for _, value := range []string{"0", "1200"} {
+		if _, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "PARTITION_RETENTION_MONTHS": value})); err != nil {
+			t.Errorf("PARTITION_RETENTION_MONTHS=%s: %v", value, err)
+		}
+	}
+	_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "PARTITION_LOCK_TIMEOUT": "900us"}))
+	if err == nil || !strings.Contains(err.Error(), "PARTITION_LOCK_TIMEOUT") {
+		t.Errorf("PARTITION_LOCK_TIMEOUT=900us: %v", err)
+	}
+}
