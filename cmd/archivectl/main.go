@@ -196,22 +196,34 @@ func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []strin
 	}
 	m, err := partition.NewManager(pool, cfg, e.metrics)
 	if err != nil {
+		var ce *partition.ConfigError
+		if errors.As(err, &ce) && ce.Field == "RetentionMonths" {
+			return fmt.Errorf("--retention-months: %w", err)
+		}
 		return err
 	}
-	res, err := m.Run(ctx, *dryRun)
-	if err != nil {
-		return err
-	}
+	// The summary is printed even when a step failed: the other steps ran,
+	// and it says which failed and why.
+	res, runErr := m.Run(ctx, *dryRun)
 	if *dryRun {
-		if len(res.Statements) == 0 {
+		if len(res.Statements) == 0 && runErr == nil {
 			fmt.Fprintln(e.stdout, "-- nothing to do")
+		}
+		for _, f := range res.Foreign {
+			fmt.Fprintf(e.stdout, "-- not managed: %s %s: %s\n", f.Name, f.Bound, f.Problem)
 		}
 		for _, stmt := range res.Statements {
 			fmt.Fprintln(e.stdout, stmt+";")
 		}
-		return nil
+		return runErr
 	}
-	return e.printJSON(res)
+	if runErr != nil && len(res.Statements) == 0 && len(res.Failed) == 0 && len(res.Refused) == 0 {
+		return runErr // nothing ran: the error says it all
+	}
+	if err := e.printJSON(res); err != nil {
+		return err
+	}
+	return runErr
 }
 
 func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {

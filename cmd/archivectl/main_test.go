@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/sweep"
 )
 
@@ -195,4 +198,66 @@ func TestProgressLineOverwritesItself(t *testing.T) {
 	p.report(sweep.Progress{Batches: 3, Moved: 30000, Elapsed: 2 * time.Second})
 	p.done()
 	require.Equal(t, "\rsweep: 30000 rows moved in 3 batches, 15000 rows/s, backlog left 1234   \n", buf.String())
+}
+
+func TestHostileRetentionLosesNoRow(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 3)
+	cur := partition.MonthStart(time.Now())
+	for i := -4; i <= 3; i++ {
+		dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: fmt.Sprint("k", i), Status: 201, ExpiredAt: cur.AddDate(0, i, 0).Add(time.Hour)})
+	}
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{nil, []string{"partitions", "--retention-months", "1000000000000000"}, "--retention-months: partition retention of 1000000000000000 months is more than 1200 (100 years); to keep the archive forever, set 0"},
+		{nil, []string{"partitions", "--retention-months", fmt.Sprint(math.MaxInt)}, "to keep the archive forever, set 0"},
+		{nil, []string{"partitions", "--dry-run", "--retention-months", "1201"}, "more than 1200"},
+		{nil, []string{"partitions", "--retention-months", "-3"}, "must not be negative"},
+		{map[string]string{"PARTITION_RETENTION_MONTHS": "1000000000000000"}, []string{"partitions"}, "PARTITION_RETENTION_MONTHS: partition retention of 1000000000000000 months"},
+		{map[string]string{"PARTITION_RETENTION_MONTHS": fmt.Sprint(math.MaxInt)}, []string{"verify"}, "PARTITION_RETENTION_MONTHS"},
+	} {
+		r := cli(t, db, tc.env, tc.args...)
+		requireOneLineError(t, r, tc.want)
+		require.EqualValues(t, 8, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"), tc.args)
+	}
+}
+
+func TestADefaultPartitionIsReportedAndFailsVerify(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	_, err := db.Pool.Exec(context.Background(), "CREATE TABLE archive_catchall PARTITION OF idempotency_key_archive DEFAULT")
+	require.NoError(t, err)
+
+	// partitions keeps managing and names the DEFAULT partition
+	r := cli(t, db, nil, "partitions", "--lead-months", "4")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	var res partition.Result
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res))
+	require.Len(t, res.Created, 1)
+	require.Len(t, res.Foreign, 1)
+	require.Equal(t, "archive_catchall", res.Foreign[0].Name)
+	require.Equal(t, "DEFAULT", res.Foreign[0].Bound)
+	r = cli(t, db, nil, "partitions", "--dry-run")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "-- not managed: archive_catchall DEFAULT: a DEFAULT partition")
+
+	// verify fails that check, saying what to do
+	r = cli(t, db, nil, "verify")
+	require.Equal(t, exitNo, r.code, r.stderr)
+	require.Contains(t, r.stdout, "FAIL  partitions exist two months ahead")
+	require.Contains(t, r.stdout, "DEFAULT partition archive_catchall: move its rows into monthly partitions and detach it")
+
+	// a month whose rows sit in DEFAULT fails with its name, after the summary
+	next := partition.MonthStart(time.Now()).AddDate(0, 5, 0)
+	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "in default", Status: 201, ExpiredAt: next.Add(time.Hour)})
+	r = cli(t, db, nil, "partitions", "--lead-months", "5")
+	requireOneLineError(t, r, "the DEFAULT partition archive_catchall holds rows of this month")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res))
+	require.Equal(t, partition.Name(next), res.Failed[0].Partition)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 }
