@@ -1,0 +1,130 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/cfn"
+
+	"github.com/idemarchive/idemarchive/shared/fnenv"
+	"github.com/idemarchive/idemarchive/shared/provision"
+)
+
+// PhysicalID names the one schema the resource stands for. It never changes,
+// so an Update is never taken by CloudFormation for a replacement (which
+// would be followed by a Delete of the old id).
+const PhysicalID = "idempotency-archive-schema"
+
+// answerMargin is kept free before the invocation's deadline to send the
+// answer: a handler cut off by its timeout never answers, and CloudFormation
+// waits an hour for it.
+const answerMargin = 15 * time.Second
+
+// maxReason bounds the reason sent back: CloudFormation rejects a response
+// over 4096 bytes, and then shows no reason at all.
+const maxReason = 1500
+
+type handler struct {
+	env *fnenv.Env
+}
+
+// properties are the custom resource's properties that the handler reads.
+type properties struct {
+	SweeperUser string
+	ReaderUser  string
+	OwnerUser   string
+}
+
+// triggers are properties that exist only to make CloudFormation send an
+// Update when they change (a new package, another partition lead); the run
+// reads its configuration from the environment.
+var triggers = []string{"ServiceToken", "PackageSha256", "LeadMonths", "RetentionMonths"}
+
+// Handle adapts a CloudFormation custom resource event to provision.Run. The
+// archive is permanent: Delete changes nothing in the database.
+func (h *handler) Handle(ctx context.Context, ev cfn.Event) (physicalID string, data map[string]any, err error) {
+	log := h.env.RequestLogger(ctx).With("request_type", ev.RequestType, "logical_id", ev.LogicalResourceID)
+	// Every answer, failures too, carries a physical id: without one
+	// CloudFormation replaces the reason with "Invalid PhysicalResourceId".
+	physicalID = cmp.Or(ev.PhysicalResourceID, PhysicalID)
+	defer func() {
+		if err != nil {
+			log.ErrorContext(ctx, "schema provisioning failed", "error", err)
+			err = reason(err)
+		}
+	}()
+	switch ev.RequestType {
+	case cfn.RequestDelete:
+		log.InfoContext(ctx, "delete: the archive is kept")
+		return physicalID, nil, nil
+	case cfn.RequestCreate, cfn.RequestUpdate:
+	default:
+		return physicalID, nil, fmt.Errorf("unknown request type %q", ev.RequestType)
+	}
+	props, err := decode(ev.ResourceProperties)
+	if err != nil {
+		return physicalID, nil, err
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-answerMargin))
+		defer cancel()
+	}
+	pool, err := h.env.DB.Get(ctx)
+	if err != nil {
+		return physicalID, nil, err
+	}
+	res, err := provision.Run(ctx, pool, provision.Config{
+		Users:      provision.Users{Sweeper: props.SweeperUser, Reader: props.ReaderUser, Owner: props.OwnerUser},
+		Partitions: h.env.Settings.Partitions,
+	}, log, h.env.Metrics)
+	if err != nil {
+		return physicalID, nil, err
+	}
+	log.InfoContext(ctx, "schema provisioned", "from_version", res.Schema.FromVersion, "to_version", res.Schema.ToVersion,
+		"users", res.Users, "partitions_created", res.Partitions.Created, "newest_partition_days", res.Partitions.NewestPartitionDays)
+	// Data is readable with Fn::GetAtt by other resources of the stack.
+	return physicalID, map[string]any{
+		"SchemaVersion":     res.Schema.ToVersion,
+		"PartitionsCreated": len(res.Partitions.Created),
+		"NewestPartition":   res.Partitions.NewestUpperBound.Format(time.RFC3339),
+	}, nil
+}
+
+// decode reads the properties, refusing names it does not know so that a
+// misspelt user property fails the deploy instead of creating no user.
+func decode(raw map[string]any) (properties, error) {
+	var p properties
+	known := append([]string{"SweeperUser", "ReaderUser", "OwnerUser"}, triggers...)
+	for k, v := range raw {
+		if !slices.Contains(known, k) {
+			return p, fmt.Errorf("unknown resource property %q (want %s)", k, strings.Join(known, ", "))
+		}
+		if _, ok := v.(string); !ok {
+			return p, fmt.Errorf("resource property %s must be a string, got %T", k, v)
+		}
+	}
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return p, err
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("resource properties: %w", err)
+	}
+	return p, nil
+}
+
+// reason bounds an error's text for the CloudFormation response.
+func reason(err error) error {
+	msg := err.Error()
+	if len(msg) <= maxReason {
+		return err
+	}
+	return errors.New(msg[:maxReason] + "... (the function's log has the rest)")
+}

@@ -1,0 +1,220 @@
+// Package provision brings a database to the state the functions need, in
+// one idempotent call that a deploy makes every time: the schema migrated and
+// its least-privilege roles granted (package schema), one login user per
+// function with the matching role, and the archive partitions created
+// (package partition).
+//
+//	res, err := provision.Run(ctx, pool, provision.Config{
+//		Users: provision.Users{Sweeper: "idemarchive_sweeper", Reader: "idemarchive_reader", Owner: "idemarchive_owner"},
+//	}, logger, emitter)
+//
+// Login users are created WITH LOGIN and no password: on RDS they sign in with
+// IAM authentication (through RDS Proxy), for which PostgreSQL needs them to
+// be members of rds_iam. That role exists only on RDS and Aurora, so the grant
+// is made where it exists and skipped (and reported) elsewhere, such as a
+// local PostgreSQL, where the users then get no way to sign in until a
+// password is set by hand.
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemarchive/idemarchive/shared/database"
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/schema"
+)
+
+// IAMRole is the role RDS and Aurora require of users that sign in with IAM
+// authentication tokens.
+const IAMRole = "rds_iam"
+
+// Users names the login users to create, one per function. An empty name
+// creates no user for that function.
+type Users struct {
+	// Sweeper is granted idempotency_sweeper (the sweep function).
+	Sweeper string `json:"sweeper,omitempty"`
+	// Reader is granted idempotency_reader (the lookup function).
+	Reader string `json:"reader,omitempty"`
+	// Owner is granted idempotency_owner (the partitions function).
+	Owner string `json:"owner,omitempty"`
+}
+
+// Config configures Run.
+type Config struct {
+	// Users are the login users to create and grant. Default none.
+	Users Users
+	// Partitions configures the partition run; see partition.Config.
+	Partitions partition.Config
+}
+
+// Result reports what Run did.
+type Result struct {
+	Schema     schema.Result    `json:"schema"`
+	Users      []User           `json:"users"`
+	Partitions partition.Result `json:"partitions"`
+}
+
+// User is one login user and what it was granted.
+type User struct {
+	Name    string `json:"name"`
+	Role    string `json:"role"`
+	Created bool   `json:"created"`
+	// IAM reports whether the user was granted rds_iam (false where the role
+	// does not exist).
+	IAM bool `json:"iam"`
+}
+
+// ErrInvalidUser is wrapped by Run's error for a user name it refuses.
+var ErrInvalidUser = errors.New("invalid database user name")
+
+// userName is what Run accepts as a user name: a lowercase PostgreSQL
+// identifier that needs no quoting, short of the 63-byte limit, so that the
+// name IAM policies carry (rds-db:connect .../dbuser:id/NAME) is the name
+// PostgreSQL stores.
+var userName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// Validate checks the user names before anything runs.
+func (u Users) Validate() error {
+	seen := map[string]bool{}
+	for _, name := range []string{u.Sweeper, u.Reader, u.Owner} {
+		switch {
+		case name == "":
+			continue
+		case !userName.MatchString(name):
+			return fmt.Errorf("%w %q: use lowercase letters, digits and _, starting with a letter or _", ErrInvalidUser, name)
+		case name == schema.OwnerRole || name == schema.SweeperRole || name == schema.ReaderRole || name == IAMRole:
+			return fmt.Errorf("%w %q: that is a group role, not a login user", ErrInvalidUser, name)
+		case len(name) >= 3 && (name[:3] == "pg_" || name[:3] == "rds"):
+			return fmt.Errorf("%w %q: names starting pg_ or rds are reserved", ErrInvalidUser, name)
+		case seen[name]:
+			return fmt.Errorf("%w %q: each function needs its own user", ErrInvalidUser, name)
+		}
+		seen[name] = true
+	}
+	return nil
+}
+
+// Run migrates, creates the users and their grants, and runs the partition
+// manager, in that order, stopping at the first failure. Safe to run again
+// and concurrently: every step is idempotent and serialized by advisory locks.
+// The connecting user must be allowed to create roles (superuser, or
+// CREATEROLE such as the RDS master user) when Users names any.
+func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logger, emitter *metrics.Emitter) (Result, error) {
+	res := Result{Users: []User{}}
+	if err := cfg.Users.Validate(); err != nil {
+		return res, err
+	}
+	parts, err := partition.NewManager(pool, cfg.Partitions, emitter)
+	if err != nil {
+		return res, err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return res, fmt.Errorf("connect: %w", err)
+	}
+	res.Schema, err = schema.Migrate(ctx, conn.Conn(), logger)
+	if err == nil {
+		res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, res.Schema.RolesCreated, logger)
+	}
+	conn.Release()
+	if err != nil {
+		return res, err
+	}
+	if res.Partitions, err = parts.Run(ctx, false); err != nil {
+		return res, fmt.Errorf("create partitions: %w", err)
+	}
+	return res, nil
+}
+
+// ensureUsers creates each named user (WITH LOGIN, no password) and grants it
+// its group role, and rds_iam where that exists.
+func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, rolesCreated bool, logger *slog.Logger) ([]User, error) {
+	wanted := []User{{Name: users.Sweeper, Role: schema.SweeperRole}, {Name: users.Reader, Role: schema.ReaderRole}, {Name: users.Owner, Role: schema.OwnerRole}}
+	out := []User{}
+	if users == (Users{}) {
+		return out, nil
+	}
+	if !rolesCreated {
+		return out, errors.New("cannot create the functions' database users: the migrating user may not create roles (it needs CREATEROLE, as the RDS master user has)")
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// Role DDL is cluster-wide and races between concurrent deploys
+		// ("tuple concurrently updated"): serialize it.
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('idempotency_archive users', 0))"); err != nil {
+			return fmt.Errorf("lock: %w", err)
+		}
+		var iam bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", IAMRole).Scan(&iam); err != nil {
+			return fmt.Errorf("look for %s: %w", IAMRole, err)
+		}
+		for _, u := range wanted {
+			if u.Name == "" {
+				continue
+			}
+			ident := pgx.Identifier{u.Name}.Sanitize()
+			var exists, canLogin bool
+			err := tx.QueryRow(ctx, "SELECT true, rolcanlogin FROM pg_roles WHERE rolname = $1", u.Name).Scan(&exists, &canLogin)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("look up user %s: %w", u.Name, err)
+			}
+			if !exists {
+				if _, err := tx.Exec(ctx, "CREATE ROLE "+ident+" LOGIN"); err != nil {
+					return fmt.Errorf("create user %s: %w", u.Name, err)
+				}
+				u.Created = true
+			} else if !canLogin {
+				return fmt.Errorf("user %s exists but may not log in: it is not a user this deploy made; choose another name", u.Name)
+			}
+			if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+ident); err != nil {
+				return fmt.Errorf("grant %s to %s: %w", u.Role, u.Name, err)
+			}
+			if iam {
+				if _, err := tx.Exec(ctx, "GRANT "+IAMRole+" TO "+ident); err != nil {
+					return fmt.Errorf("grant %s to %s: %w", IAMRole, u.Name, err)
+				}
+				u.IAM = true
+			}
+			out = append(out, u)
+		}
+		// The owner creates partitions, which needs CREATE on the schema;
+		// since PostgreSQL 15 the public schema no longer grants it to
+		// everyone, and schema's roles.sql does not grant it either.
+		if users.Owner != "" {
+			var schemaName string
+			if err := tx.QueryRow(ctx, "SELECT current_schema()").Scan(&schemaName); err != nil {
+				return fmt.Errorf("read current schema: %w", err)
+			}
+			grant := "GRANT USAGE, CREATE ON SCHEMA " + pgx.Identifier{schemaName}.Sanitize() + " TO " + pgx.Identifier{schema.OwnerRole}.Sanitize()
+			if _, err := tx.Exec(ctx, grant); err != nil {
+				return fmt.Errorf("grant CREATE on schema %s to %s: %w", schemaName, schema.OwnerRole, err)
+			}
+		}
+		if !iam {
+			logger.WarnContext(ctx, "no rds_iam role on this server (not RDS): the users were created without a way to sign in", "users", names(out))
+		}
+		return nil
+	})
+	if err != nil {
+		if database.SQLState(err) == database.CodeInsufficientPrivilege {
+			return nil, fmt.Errorf("create the functions' database users: the migrating user lacks a privilege: %w", err)
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+func names(users []User) []string {
+	out := make([]string, len(users))
+	for i, u := range users {
+		out[i] = u.Name
+	}
+	return out
+}
