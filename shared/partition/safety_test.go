@@ -402,3 +402,25 @@ func TestRunErrorsWrapBothSentinels(t *testing.T) {
 	require.True(t, errors.Is(err, partition.ErrIncomplete) && errors.Is(err, partition.ErrRetirementRefused), "%v", err)
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE relname = 'dec_by_hand' AND relnamespace = current_schema()::regnamespace"))
 }
+
+func TestABoundThePackageCannotReadIsReportedNotFatal(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE far_future PARTITION OF idempotency_key_archive
+		FOR VALUES FROM ('12026-01-01 00:00:00+00') TO ('12026-02-01 00:00:00+00')`)
+	require.NoError(t, err)
+
+	res, err := newManager(t, db.Pool, partition.Config{RetentionMonths: 1, Now: at(decNow)}).Run(ctx, false)
+	require.NoError(t, err)
+	require.Len(t, res.Created, 5)
+	require.Empty(t, res.Retired)
+	require.Len(t, res.Foreign, 1)
+	require.Equal(t, "far_future", res.Foreign[0].Name)
+	require.Contains(t, res.Foreign[0].Problem, "bound FOR VALUES FROM ('12026-01-01 00:00:00+00') TO ('12026-02-01 00:00:00+00') is not a range of timestamps")
+	// Its unknown bounds neither cover a month nor count as the newest.
+	require.Equal(t, month(2027, time.April), res.NewestUpperBound)
+	parts, err := partition.List(ctx, db.Pool)
+	require.NoError(t, err)
+	require.False(t, partition.Covers(parts, month(12026, time.January)))
+}
