@@ -7,7 +7,7 @@ GO ?= go
 WITH_SERVICES := shared/testenv/with-services.sh
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 # Defined before any rule names them: make expands prerequisites as it reads.
-FUNCTIONS := sweep partitions lookup
+FUNCTIONS := sweep partitions lookup migrate
 BUILD_FLAGS := -tags lambda.norpc -trimpath -ldflags "-s -w"
 RIE := bin/tools/aws-lambda-rie
 RIE_MODULE := github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
@@ -25,7 +25,25 @@ demo: build-local-sweep build-local-partitions archivectl bin/charges bin/demo $
 .PHONY: test
 test: lint $(RIE) ## Every test against throwaway PostgreSQL and Redis (self-provisioning), then the demo
 	$(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
+	$(MAKE) --no-print-directory infra-test
 	$(MAKE) --no-print-directory demo
+
+# The CDK app is its own module (infra/go.mod): go vet and go test of the root
+# module do not descend into it, so infra-test runs them there.
+.PHONY: infra-test
+infra-test: ## CDK assertion and cdk-nag tests of infra/ (vet, gofmt, go test -race; finds or installs Node.js), localstack/ checks
+	infra/ensure-node.sh
+	cd infra && $(GO) vet ./...
+	@unformatted=$$(gofmt -l infra); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed on: $$unformatted"; exit 1; fi
+	cd infra && $(GO) test $(GOTEST_FLAGS) ./...
+
+.PHONY: synth
+synth: build ## Synthesize the CloudFormation template into cdk.out/ offline, from the zips of make build (no CDK CLI)
+	infra/ensure-node.sh
+	rm -rf cdk.out
+	cd infra && $(GO) run .
+	@echo "synthesized: cdk.out/$$(cd cdk.out && ls *.template.json)"
 
 .PHONY: lint
 lint: ## go vet and gofmt

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/idemarchive/idemarchive/infra/stack"
+)
+
+// DefaultStackName is the stack's name unless the context sets stackName.
+const DefaultStackName = "IdempotencyArchive"
+
+// propsFromContext reads the stack's props from CDK context values. Every
+// value may be a string (from -c name=value) or, from cdk.json, a JSON
+// number or boolean.
+func propsFromContext(get func(*string) any) (stack.Props, string, error) {
+	c := contextReader{get: get}
+	p := stack.Props{
+		CodeDir:                    c.str("codeDir", "../bin"),
+		LiveTTL:                    c.duration("liveTtl"),
+		MaxLiveTTL:                 c.duration("maxLiveTtl"),
+		PartitionLeadMonths:        c.int("partitionLeadMonths"),
+		PartitionRetentionMonths:   c.int("partitionRetentionMonths"),
+		SweepInterval:              c.duration("sweepInterval"),
+		SweepBatchSize:             c.int("sweepBatchSize"),
+		AlarmEmail:                 c.str("alarmEmail", ""),
+		AlarmTopicArn:              c.str("alarmTopicArn", ""),
+		NotifyTopicArn:             c.str("notifyTopicArn", ""),
+		ArchiveBytesPerRowBaseline: c.float("archiveBytesPerRowBaseline"),
+		InstanceType:               c.str("instanceType", ""),
+		DeletionProtection:         c.boolPtr("deletionProtection"),
+		Aurora:                     c.bool("aurora"),
+		AuroraMinCapacity:          c.float("auroraMinCapacity"),
+		AuroraMaxCapacity:          c.float("auroraMaxCapacity"),
+		RotateMasterSecret:         c.boolPtr("rotateMasterSecret"),
+		MetricsNamespace:           c.str("metricsNamespace", ""),
+		LogRetentionDays:           c.int("logRetentionDays"),
+		APIRateLimit:               c.float("apiRateLimit"),
+		APIBurstLimit:              c.float("apiBurstLimit"),
+	}
+	// The CLI sets these from the credentials in use; make synth leaves the
+	// stack environment-agnostic.
+	if acct, region := os.Getenv("CDK_DEFAULT_ACCOUNT"), os.Getenv("CDK_DEFAULT_REGION"); acct != "" && region != "" {
+		p.Env = &awscdk.Environment{Account: jsii.String(acct), Region: jsii.String(region)}
+	}
+	return p, c.str("stackName", DefaultStackName), c.err
+}
+
+type contextReader struct {
+	get func(*string) any
+	err error
+}
+
+func (c *contextReader) raw(name string) (string, bool) {
+	v := c.get(jsii.String(name))
+	if v == nil {
+		return "", false
+	}
+	return fmt.Sprint(v), true
+}
+
+func (c *contextReader) fail(name string, err error) {
+	if c.err == nil {
+		c.err = fmt.Errorf("context %s: %w", name, err)
+	}
+}
+
+func (c *contextReader) str(name, def string) string {
+	if v, ok := c.raw(name); ok {
+		return v
+	}
+	return def
+}
+
+func (c *contextReader) int(name string) int {
+	v, ok := c.raw(name)
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		c.fail(name, err)
+	}
+	return n
+}
+
+func (c *contextReader) float(name string) float64 {
+	v, ok := c.raw(name)
+	if !ok {
+		return 0
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		c.fail(name, err)
+	}
+	return f
+}
+
+func (c *contextReader) bool(name string) bool {
+	b := c.boolPtr(name)
+	return b != nil && *b
+}
+
+func (c *contextReader) boolPtr(name string) *bool {
+	v, ok := c.raw(name)
+	if !ok {
+		return nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		c.fail(name, err)
+	}
+	return &b
+}
+
+func (c *contextReader) duration(name string) time.Duration {
+	v, ok := c.raw(name)
+	if !ok {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		c.fail(name, err)
+	}
+	return d
+}

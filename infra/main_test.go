@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/infra/stack"
+)
+
+func contextOf(values map[string]any) func(*string) any {
+	return func(k *string) any { return values[*k] }
+}
+
+func TestPropsFromContext(t *testing.T) {
+	// GIVEN context values as -c gives them (strings) and as cdk.json gives
+	// them (JSON numbers and booleans)
+	p, name, err := propsFromContext(contextOf(map[string]any{
+		"stackName":           "Archive-Prod",
+		"codeDir":             "/tmp/zips",
+		"sweepInterval":       "10m",
+		"sweepBatchSize":      float64(5000),
+		"partitionLeadMonths": "4",
+		"alarmEmail":          "oncall@example.com",
+		"deletionProtection":  false,
+		"aurora":              "true",
+		"auroraMaxCapacity":   8.5,
+		"liveTtl":             "48h",
+	}))
+	// THEN each lands in its prop
+	require.NoError(t, err)
+	require.Equal(t, "Archive-Prod", name)
+	require.Equal(t, stack.Props{
+		CodeDir: "/tmp/zips", SweepInterval: 10 * time.Minute, SweepBatchSize: 5000, PartitionLeadMonths: 4,
+		AlarmEmail: "oncall@example.com", DeletionProtection: new(false), Aurora: true, AuroraMaxCapacity: 8.5,
+		LiveTTL: 48 * time.Hour, StackProps: p.StackProps,
+	}, p)
+
+	// AND without context, the defaults: bin/ beside infra/, the default name
+	p, name, err = propsFromContext(contextOf(nil))
+	require.NoError(t, err)
+	require.Equal(t, DefaultStackName, name)
+	require.Equal(t, "../bin", p.CodeDir)
+	require.Nil(t, p.DeletionProtection, "unset, so the stack's default (true) applies")
+
+	// AND a value that does not parse is an error naming it
+	_, _, err = propsFromContext(contextOf(map[string]any{"sweepInterval": "5 minutes"}))
+	require.ErrorContains(t, err, "context sweepInterval")
+	_, _, err = propsFromContext(contextOf(map[string]any{"deletionProtection": "maybe"}))
+	require.ErrorContains(t, err, "context deletionProtection")
+}
+
+func TestSynthWritesTheTemplateSAMCanInvoke(t *testing.T) {
+	// GIVEN placeholder packages, an output directory and context values
+	code := t.TempDir()
+	for _, fn := range stack.FunctionNames {
+		require.NoError(t, os.WriteFile(filepath.Join(code, fn+".zip"), []byte(fn), 0o644))
+	}
+	out := t.TempDir()
+
+	// WHEN the app runs
+	require.NoError(t, run(out, map[string]any{"codeDir": code, "stackName": "SynthTest"}))
+
+	// THEN the template is there, and every function of ours names its
+	// staged code for sam local invoke
+	raw, err := os.ReadFile(filepath.Join(out, "SynthTest.template.json"))
+	require.NoError(t, err)
+	var tpl struct {
+		Resources map[string]struct {
+			Type       string
+			Properties map[string]any
+			Metadata   map[string]any
+		}
+	}
+	require.NoError(t, json.Unmarshal(raw, &tpl))
+	ours := 0
+	for id, r := range tpl.Resources {
+		if r.Type != "AWS::Lambda::Function" || r.Properties["Runtime"] != "provided.al2023" {
+			continue
+		}
+		ours++
+		path, _ := r.Metadata["aws:asset:path"].(string)
+		require.NotEmpty(t, path, id)
+		require.Equal(t, "Code", r.Metadata["aws:asset:property"], id)
+		_, err := os.Stat(filepath.Join(out, path))
+		require.NoError(t, err, "%s: staged asset", id)
+	}
+	require.Equal(t, len(stack.FunctionNames), ours)
+}

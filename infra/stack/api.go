@@ -1,0 +1,103 @@
+package stack
+
+import (
+	"encoding/json"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2authorizers"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2integrations"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+)
+
+// Routes are the lookup function's routes (shared/lookupapi), all GET.
+var Routes = []string{"/v1/archive/lookup", "/v1/archive/keys", "/v1/archive/keys/{key+}"}
+
+// API is the HTTP API in front of the lookup function. Every route requires
+// IAM authorization (SigV4-signed requests, allowed by execute-api:Invoke on
+// the caller's role): the archive tells who paid for what, so no anonymous
+// caller may read it.
+type API struct {
+	// Construct is the scope holding the resources (a Go struct embedding a
+	// jsii object cannot itself be passed to jsii as a scope).
+	Construct constructs.Construct
+	HTTPAPI   awsapigatewayv2.HttpApi
+	lookup    awslambda.Function
+}
+
+// NewAPI builds the API, its $default stage with throttling and JSON access
+// logs.
+func NewAPI(scope constructs.Construct, id string, lookup awslambda.Function, p Props) *API {
+	c := constructs.NewConstruct(scope, jsii.String(id))
+	api := awsapigatewayv2.NewHttpApi(c, jsii.String("HttpApi"), &awsapigatewayv2.HttpApiProps{
+		Description:        jsii.String("Idempotency key archive: lookups and investigations (IAM authorized)"),
+		DefaultAuthorizer:  awsapigatewayv2authorizers.NewHttpIamAuthorizer(),
+		CreateDefaultStage: jsii.Bool(false),
+	})
+	integration := awsapigatewayv2integrations.NewHttpLambdaIntegration(jsii.String("Lookup"), lookup,
+		&awsapigatewayv2integrations.HttpLambdaIntegrationProps{
+			// Explicit: the function tells the shapes apart by "version".
+			PayloadFormatVersion: awsapigatewayv2.PayloadFormatVersion_VERSION_2_0(),
+		})
+	for _, path := range Routes {
+		api.AddRoutes(&awsapigatewayv2.AddRoutesOptions{
+			Path:        jsii.String(path),
+			Methods:     &[]awsapigatewayv2.HttpMethod{awsapigatewayv2.HttpMethod_GET},
+			Integration: integration,
+		})
+	}
+	stage := api.AddStage(jsii.String("DefaultStage"), &awsapigatewayv2.HttpStageOptions{
+		StageName:  jsii.String("$default"),
+		AutoDeploy: jsii.Bool(true),
+		Throttle: &awsapigatewayv2.ThrottleSettings{
+			RateLimit:  jsii.Number(p.APIRateLimit),
+			BurstLimit: jsii.Number(p.APIBurstLimit),
+		},
+	})
+	accessLogs := awslogs.NewLogGroup(c, jsii.String("AccessLogs"), &awslogs.LogGroupProps{
+		Retention:     retention(p.LogRetentionDays),
+		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+	})
+	format, _ := json.Marshal(accessLogFormat)
+	stage.Node().DefaultChild().(awsapigatewayv2.CfnStage).SetAccessLogSettings(&awsapigatewayv2.CfnStage_AccessLogSettingsProperty{
+		DestinationArn: accessLogs.LogGroupArn(),
+		Format:         jsii.String(string(format)),
+	})
+	return &API{Construct: c, HTTPAPI: api, lookup: lookup}
+}
+
+// accessLogFormat is one JSON line per request. The caller's IAM identity is
+// in it: an investigation of who read the archive starts here.
+var accessLogFormat = map[string]string{
+	"requestId":          "$context.requestId",
+	"time":               "$context.requestTime",
+	"caller":             "$context.identity.userArn",
+	"sourceIp":           "$context.identity.sourceIp",
+	"routeKey":           "$context.routeKey",
+	"status":             "$context.status",
+	"latencyMs":          "$context.responseLatency",
+	"integrationLatency": "$context.integrationLatency",
+	"integrationError":   "$context.integrationErrorMessage",
+	"authorizerError":    "$context.authorizer.error",
+}
+
+// GrantLookupInvoke lets a service's role call the lookup function directly
+// (lambda:InvokeFunction, as the middleware's Lambda archive client does),
+// without going through the API.
+func (a *API) GrantLookupInvoke(grantee awsiam.IGrantable) awsiam.Grant {
+	return a.lookup.GrantInvoke(grantee)
+}
+
+// GrantAPIInvoke lets a role call every route of the API
+// (execute-api:Invoke), for services that prefer HTTP.
+func (a *API) GrantAPIInvoke(grantee awsiam.IGrantable) awsiam.Grant {
+	return awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+		Grantee:      grantee,
+		Actions:      jsii.Strings("execute-api:Invoke"),
+		ResourceArns: jsii.Strings(*a.HTTPAPI.ArnForExecuteApi(jsii.String("GET"), nil, nil)),
+	})
+}

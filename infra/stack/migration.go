@@ -1,0 +1,69 @@
+package stack
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+)
+
+// SchemaResourceType is the CloudFormation type of the migration custom
+// resource.
+const SchemaResourceType = "Custom::IdempotencyArchiveSchema"
+
+// Migration is the custom resource that leaves every deploy with the schema
+// migrated, the least-privilege roles granted, one login user per function
+// and the archive partitions created. It is backed by the migrate function
+// (functions/migrate), which answers CloudFormation itself: a failed
+// migration fails the deploy with the reason in the stack's events.
+type Migration struct {
+	// Construct is the scope holding the resources (a Go struct embedding a
+	// jsii object cannot itself be passed to jsii as a scope).
+	Construct constructs.Construct
+	Resource  awscdk.CustomResource
+}
+
+// NewMigration builds the custom resource. CloudFormation sends Update only
+// when a property changes, so the properties carry a digest of the migrate
+// package, which embeds the migrations: a new migration runs on the deploy
+// that ships it, and an unchanged deploy runs nothing.
+func NewMigration(scope constructs.Construct, id string, net *Network, db *Database, fns *Functions, p Props) (*Migration, error) {
+	c := constructs.NewConstruct(scope, jsii.String(id))
+	digest, err := fileDigest(filepath.Join(p.CodeDir, "migrate.zip"))
+	if err != nil {
+		return nil, err
+	}
+	res := awscdk.NewCustomResource(c, jsii.String("Schema"), &awscdk.CustomResourceProps{
+		ServiceToken: fns.Migrate.FunctionArn(),
+		ResourceType: jsii.String(SchemaResourceType),
+		Properties: &map[string]any{
+			"SweeperUser":     SweeperUser,
+			"ReaderUser":      ReaderUser,
+			"OwnerUser":       OwnerUser,
+			"PackageSha256":   digest,
+			"LeadMonths":      fmt.Sprint(p.PartitionLeadMonths),
+			"RetentionMonths": fmt.Sprint(p.PartitionRetentionMonths),
+		},
+		// The archive is permanent: deleting the stack never drops it (the
+		// database's own removal policy decides what remains).
+		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
+	})
+	// The function connects through the proxy once the proxy has its target,
+	// and answers through the S3 gateway endpoint.
+	res.Node().AddDependency(db.Construct, net.Construct)
+	return &Migration{Construct: c, Resource: res}, nil
+}
+
+func fileDigest(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}

@@ -1,0 +1,280 @@
+package stack
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/idemarchive/idemarchive/shared/metrics"
+)
+
+// Thresholds of the runbook's checklist, and the windows they are judged over.
+const (
+	// BacklogThreshold: "Alert above 100,000".
+	BacklogThreshold = 100_000
+	// PartitionDaysThreshold: "Page below 30".
+	PartitionDaysThreshold = 30
+	// LookupP99ThresholdMs: "Alert if p99 exceeds 5 ms".
+	LookupP99ThresholdMs = 5
+	// BytesPerRowFactor: "well above the modelled bytes per row" is read as
+	// twice the measured baseline.
+	BytesPerRowFactor = 2
+	// BytesPerRowMinRows: below this many rows the fixed size of empty
+	// partitions and index root pages dominates bytes per row, so the ratio
+	// says nothing about a column creeping in.
+	BytesPerRowMinRows = 100_000
+	// DurationNearTimeout is the fraction of its timeout a sweep may run
+	// before its duration alarm fires.
+	DurationNearTimeout = 0.9
+)
+
+// Monitoring holds the alarms (one per checklist item, plus the functions'
+// errors, throttles and sweep duration) and the dashboard.
+type Monitoring struct {
+	// Construct is the scope holding the resources (a Go struct embedding a
+	// jsii object cannot itself be passed to jsii as a scope).
+	Construct constructs.Construct
+	// Page receives the alarms that need someone now; Notify those that
+	// need someone this week.
+	Page, Notify awssns.ITopic
+	// Checklist maps every metric name of metrics.Checklist to its alarm.
+	Checklist map[string]awscloudwatch.Alarm
+	Dashboard awscloudwatch.Dashboard
+}
+
+// NewMonitoring builds the topics, the alarms and the dashboard. It fails
+// when a checklist metric of shared/metrics has no alarm here, so that a
+// metric added to the checklist cannot ship unwatched.
+func NewMonitoring(scope constructs.Construct, id string, fns *Functions, p Props) (*Monitoring, error) {
+	c := constructs.NewConstruct(scope, jsii.String(id))
+	m := &Monitoring{Construct: c, Checklist: map[string]awscloudwatch.Alarm{}}
+	if p.AlarmTopicArn != "" {
+		m.Page = awssns.Topic_FromTopicArn(c, jsii.String("PageTopic"), jsii.String(p.AlarmTopicArn))
+	} else {
+		topic := awssns.NewTopic(c, jsii.String("Alarms"), &awssns.TopicProps{
+			DisplayName: jsii.String("Idempotency archive alarms"),
+			EnforceSSL:  jsii.Bool(true),
+		})
+		if p.AlarmEmail != "" {
+			topic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(p.AlarmEmail), nil))
+		}
+		m.Page = topic
+	}
+	m.Notify = m.Page
+	if p.NotifyTopicArn != "" {
+		m.Notify = awssns.Topic_FromTopicArn(c, jsii.String("NotifyTopic"), jsii.String(p.NotifyTopicArn))
+	}
+
+	metric := func(name, statistic string, period awscdk.Duration) awscloudwatch.Metric {
+		return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+			Namespace: jsii.String(p.MetricsNamespace), MetricName: jsii.String(name),
+			Statistic: jsii.String(statistic), Period: period,
+		})
+	}
+	minutes := func(n float64) awscdk.Duration { return awscdk.Duration_Minutes(jsii.Number(n)) }
+	day := awscdk.Duration_Days(jsii.Number(1))
+	stack := *awscdk.Stack_Of(c).StackName()
+
+	alarm := func(id string, subject awscloudwatch.IMetric, topic awssns.ITopic, o *awscloudwatch.CreateAlarmOptions) awscloudwatch.Alarm {
+		o.AlarmName = jsii.String(stack + "-" + id)
+		if o.TreatMissingData == "" {
+			o.TreatMissingData = awscloudwatch.TreatMissingData_NOT_BREACHING
+		}
+		a := awscloudwatch.NewAlarm(c, jsii.String(titledID(id)), &awscloudwatch.AlarmProps{
+			Metric: subject, AlarmName: o.AlarmName, AlarmDescription: o.AlarmDescription,
+			Threshold: o.Threshold, EvaluationPeriods: o.EvaluationPeriods, DatapointsToAlarm: o.DatapointsToAlarm,
+			ComparisonOperator: o.ComparisonOperator, TreatMissingData: o.TreatMissingData,
+		})
+		a.AddAlarmAction(awscloudwatchactions.NewSnsAction(topic))
+		a.AddOkAction(awscloudwatchactions.NewSnsAction(topic))
+		return a
+	}
+	describe := func(def metrics.Definition, todo string) *string {
+		return jsii.String(def.Description + " What to do: " + todo)
+	}
+
+	// One builder per checklist item, keyed by the code's metric names.
+	checklist := map[string]func(metrics.Definition) awscloudwatch.Alarm{
+		metrics.ExpiredBacklog: func(d metrics.Definition) awscloudwatch.Alarm {
+			return alarm("expired-backlog", metric(d.Name, "Maximum", minutes(5)), m.Page, &awscloudwatch.CreateAlarmOptions{
+				AlarmDescription:   describe(d, "check the sweep function's errors and duration; run archivectl sweep to drain by hand."),
+				Threshold:          jsii.Number(BacklogThreshold),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(1),
+			})
+		},
+		metrics.ArchivedTotal: func(d metrics.Definition) awscloudwatch.Alarm {
+			// 1 in a 15-minute window where the backlog grew and nothing was
+			// archived; two such windows in a row page. FILL: a window
+			// without any sweep report counts as nothing archived.
+			wedged := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+				Expression: jsii.String("IF(DIFF(backlog) > 0 AND FILL(archived, 0) == 0, 1, 0)"),
+				UsingMetrics: &map[string]awscloudwatch.IMetric{
+					"backlog":  metric(metrics.ExpiredBacklog, "Maximum", minutes(15)),
+					"archived": metric(d.Name, "Sum", minutes(15)),
+				},
+				Label:  jsii.String("sweeper wedged (backlog grows, nothing archived)"),
+				Period: minutes(15),
+			})
+			return alarm("sweeper-wedged", wedged, m.Page, &awscloudwatch.CreateAlarmOptions{
+				AlarmDescription:   describe(d, "the sweeper runs but moves nothing: look for lock timeouts or a missing partition in its logs."),
+				Threshold:          jsii.Number(1),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(2),
+			})
+		},
+		metrics.ArchiveNewestPartitionDays: func(d metrics.Definition) awscloudwatch.Alarm {
+			return alarm("partition-lead", metric(d.Name, "Minimum", day), m.Page, &awscloudwatch.CreateAlarmOptions{
+				AlarmDescription: describe(d, "invoke the partitions function (or archivectl partitions) and read its error."),
+				Threshold:        jsii.Number(PartitionDaysThreshold),
+				// No report in a day means the partition manager is not
+				// running: that is as bad as a short lead.
+				TreatMissingData:   awscloudwatch.TreatMissingData_BREACHING,
+				ComparisonOperator: awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(1),
+			})
+		},
+		metrics.ExpiredReplayTotal: func(d metrics.Definition) awscloudwatch.Alarm {
+			return alarm("expired-replay", metric(d.Name, "Sum", minutes(5)), m.Notify, &awscloudwatch.CreateAlarmOptions{
+				AlarmDescription:   describe(d, "nothing is broken: find the client in the services' logs and tell it its retries outlive the window."),
+				Threshold:          jsii.Number(0),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(1),
+			})
+		},
+		metrics.ArchiveLookupDurationMs: func(d metrics.Definition) awscloudwatch.Alarm {
+			return alarm("lookup-p99", metric(d.Name, "p99", minutes(5)), m.Page, &awscloudwatch.CreateAlarmOptions{
+				// Three windows in a row: one cold start's connection setup
+				// is not a regression.
+				AlarmDescription:   describe(d, "EXPLAIN the lookup (archivectl lookup) for a scan of every partition; check the proxy's and the database's CPU."),
+				Threshold:          jsii.Number(LookupP99ThresholdMs),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(3),
+				DatapointsToAlarm:  jsii.Number(3),
+			})
+		},
+		metrics.ArchiveBytes: func(d metrics.Definition) awscloudwatch.Alarm {
+			perRow := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+				Expression: jsii.String(fmt.Sprintf("IF(rows >= %d, bytes / rows, 0)", BytesPerRowMinRows)),
+				UsingMetrics: &map[string]awscloudwatch.IMetric{
+					"bytes": metric(d.Name, "Maximum", day),
+					"rows":  metric(metrics.ArchiveRows, "Maximum", day),
+				},
+				Label:  jsii.String("archive bytes per row"),
+				Period: day,
+			})
+			return alarm("bytes-per-row", perRow, m.Notify, &awscloudwatch.CreateAlarmOptions{
+				AlarmDescription:   describe(d, "compare the archive's columns with the schema (archivectl verify); a payload column must never be there."),
+				Threshold:          jsii.Number(BytesPerRowFactor * p.ArchiveBytesPerRowBaseline),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(1),
+			})
+		},
+	}
+	for _, def := range metrics.Checklist {
+		build, ok := checklist[def.Name]
+		if !ok {
+			return nil, fmt.Errorf("checklist metric %s has no alarm", def.Name)
+		}
+		m.Checklist[def.Name] = build(def)
+	}
+
+	// The functions themselves.
+	fnList := []struct {
+		name string
+		fn   awslambda.Function
+	}{{"sweep", fns.Sweep}, {"partitions", fns.Partitions}, {"lookup", fns.Lookup}, {"migrate", fns.Migrate}}
+	for _, f := range fnList {
+		topic := m.Page
+		if f.name == "migrate" {
+			topic = m.Notify // a failed migration already failed its deploy
+		}
+		alarm(f.name+"-errors", f.fn.MetricErrors(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), topic,
+			&awscloudwatch.CreateAlarmOptions{
+				AlarmDescription:   jsii.String(fmt.Sprintf("The %s function failed. What to do: read its log group for the error.", f.name)),
+				Threshold:          jsii.Number(1),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(1),
+			})
+		alarm(f.name+"-throttles", f.fn.MetricThrottles(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), m.Notify,
+			&awscloudwatch.CreateAlarmOptions{
+				AlarmDescription:   jsii.String(fmt.Sprintf("The %s function was throttled. What to do: check the account's concurrency and its reservations.", f.name)),
+				Threshold:          jsii.Number(1),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(1),
+			})
+	}
+	timeoutMs := float64(p.sweepTimeout().Milliseconds())
+	alarm("sweep-duration", fns.Sweep.MetricDuration(&awscloudwatch.MetricOptions{Period: minutes(15), Statistic: jsii.String("Maximum")}), m.Notify,
+		&awscloudwatch.CreateAlarmOptions{
+			AlarmDescription: jsii.String("A sweep ran close to its timeout: it stops early by itself, but the backlog outgrows what one run moves. " +
+				"What to do: raise SweepBatchSize, or look for slow batches (lock waits) in its logs."),
+			Threshold:          jsii.Number(DurationNearTimeout * timeoutMs),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(1),
+		})
+	alarm("failed-invocations", fns.Failures.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Maximum")}), m.Page,
+		&awscloudwatch.CreateAlarmOptions{
+			AlarmDescription: jsii.String("A scheduled sweep or partitions run failed after its retries, or its event was never delivered. " +
+				"What to do: read the message in the failed-invocations queue (it names the function and the error), fix, then purge it."),
+			Threshold:          jsii.Number(0),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(1),
+		})
+
+	m.Dashboard = newDashboard(c, fns, p, metric)
+	return m, nil
+}
+
+func newDashboard(c constructs.Construct, fns *Functions, p Props, metric func(string, string, awscdk.Duration) awscloudwatch.Metric) awscloudwatch.Dashboard {
+	five := awscdk.Duration_Minutes(jsii.Number(5))
+	graph := func(title string, left ...awscloudwatch.IMetric) awscloudwatch.IWidget {
+		return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{Title: jsii.String(title), Left: &left, Width: jsii.Number(8), Height: jsii.Number(6)})
+	}
+	stat := map[string]string{
+		metrics.ExpiredBacklog: "Maximum", metrics.ArchivedTotal: "Sum", metrics.ArchiveNewestPartitionDays: "Minimum",
+		metrics.ExpiredReplayTotal: "Sum", metrics.ArchiveLookupDurationMs: "p99", metrics.ArchiveBytes: "Maximum",
+	}
+	var checklist []awscloudwatch.IWidget
+	for _, def := range metrics.Checklist {
+		s := stat[def.Name]
+		if s == "" {
+			s = "Average"
+		}
+		checklist = append(checklist, graph(fmt.Sprintf("%s (%s)", def.Name, strings.ToLower(s)), metric(def.Name, s, five)))
+	}
+	fnMetric := func(get func(*awscloudwatch.MetricOptions) awscloudwatch.Metric, name, s string) awscloudwatch.IMetric {
+		return get(&awscloudwatch.MetricOptions{Period: five, Statistic: jsii.String(s), Label: jsii.String(name)})
+	}
+	errors := graph("function errors",
+		fnMetric(fns.Sweep.MetricErrors, "sweep", "Sum"), fnMetric(fns.Partitions.MetricErrors, "partitions", "Sum"),
+		fnMetric(fns.Lookup.MetricErrors, "lookup", "Sum"), fnMetric(fns.Migrate.MetricErrors, "migrate", "Sum"))
+	durations := graph("function duration (max)",
+		fnMetric(fns.Sweep.MetricDuration, "sweep", "Maximum"), fnMetric(fns.Partitions.MetricDuration, "partitions", "Maximum"),
+		fnMetric(fns.Lookup.MetricDuration, "lookup", "Maximum"))
+	lookupLatency := graph("lookup function duration (p99)", fnMetric(fns.Lookup.MetricDuration, "lookup", "p99"))
+	return awscloudwatch.NewDashboard(c, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
+		DashboardName: jsii.String(*awscdk.Stack_Of(c).StackName()),
+		Widgets: &[]*[]awscloudwatch.IWidget{
+			&checklist,
+			{errors, durations, lookupLatency},
+		},
+	})
+}
+
+// titledID turns "expired-backlog" into "ExpiredBacklog" for construct ids.
+func titledID(s string) string {
+	var b strings.Builder
+	for _, part := range strings.Split(s, "-") {
+		b.WriteString(titled(part))
+	}
+	return b.String()
+}

@@ -1,0 +1,216 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+
+	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/settings"
+)
+
+// FunctionNames are the deployment packages the stack needs in
+// Props.CodeDir: <name>.zip, as `make build` writes them to bin/.
+var FunctionNames = []string{"sweep", "partitions", "lookup", "migrate"}
+
+// Props is everything an operator changes. The zero value of every field but
+// CodeDir means its documented default; a pointer tells "unset" from a
+// meaningful zero or false.
+type Props struct {
+	awscdk.StackProps
+
+	// CodeDir holds <function>.zip for every name in FunctionNames. Required.
+	// `make synth` points it at bin/; tests at placeholder zips.
+	CodeDir string
+
+	// LiveTTL is how long the live store keeps a key (LIVE_TTL). Default 24h.
+	LiveTTL time.Duration
+	// MaxLiveTTL is the longest TTL any writer has used (MAX_LIVE_TTL).
+	// Default 168h.
+	MaxLiveTTL time.Duration
+	// PartitionLeadMonths is how many months ahead partitions must exist
+	// (PARTITION_LEAD_MONTHS). Default 3; at least 2.
+	PartitionLeadMonths int
+	// PartitionRetentionMonths is how many whole months before the current
+	// one are kept (PARTITION_RETENTION_MONTHS). Default 0: keep everything,
+	// which is what an audit archive usually wants.
+	PartitionRetentionMonths int
+	// SweepInterval is how often the sweeper runs, in whole minutes from 2
+	// to 60. Default 5 minutes. The sweeper's timeout is one minute less, so
+	// a run always ends before the next starts.
+	SweepInterval time.Duration
+	// SweepBatchSize is the number of rows per sweep batch
+	// (SWEEP_BATCH_SIZE). Default 10000.
+	SweepBatchSize int
+
+	// AlarmEmail, when set, is subscribed to the alarm topic the stack
+	// creates (it must confirm the subscription).
+	AlarmEmail string
+	// AlarmTopicArn sends every alarm to an existing SNS topic instead of a
+	// topic the stack creates. AlarmEmail is then ignored.
+	AlarmTopicArn string
+	// NotifyTopicArn receives the alarms that inform rather than page
+	// (expired replays, archive bytes per row, throttles). Default: the
+	// alarm topic.
+	NotifyTopicArn string
+	// ArchiveBytesPerRowBaseline is the measured size of one archive row,
+	// indexes included, in bytes. The alarm fires at twice this. Default 170
+	// (measured on PostgreSQL 17 with 200,000 typical rows; the runbook models
+	// 110 bytes of data per row, before tuple headers and the primary key index).
+	ArchiveBytesPerRowBaseline float64
+
+	// InstanceType is the RDS instance class without its "db." prefix.
+	// Default t4g.small. Ignored with Aurora.
+	InstanceType string
+	// DeletionProtection protects the database (and keeps a snapshot when the
+	// stack is deleted). Default true.
+	DeletionProtection *bool
+	// Aurora deploys an Aurora PostgreSQL Serverless v2 cluster instead of an
+	// RDS instance, for archives that outgrow one instance's storage and I/O.
+	Aurora bool
+	// AuroraMinCapacity and AuroraMaxCapacity bound the cluster's ACUs.
+	// Defaults 0.5 and 4.
+	AuroraMinCapacity, AuroraMaxCapacity float64
+	// RotateMasterSecret rotates the generated master password every 30 days
+	// with the AWS-provided rotation function. Default true (LocalStack sets
+	// false: it has no Serverless Application Repository).
+	RotateMasterSecret *bool
+
+	// MetricsNamespace is the CloudWatch namespace of the functions' metrics
+	// and of every alarm on them (METRICS_NAMESPACE). Default the code's
+	// metrics.DefaultNamespace. Services running the idempotency middleware
+	// must emit idempotency_expired_replay_total under the same namespace.
+	MetricsNamespace string
+	// LogRetentionDays is how long the functions' and the API's logs are
+	// kept. Default 90; must be a value CloudWatch Logs accepts.
+	LogRetentionDays int
+	// APIRateLimit and APIBurstLimit throttle the HTTP API's default stage
+	// (requests per second, and burst). Defaults 200 and 400.
+	APIRateLimit, APIBurstLimit float64
+}
+
+// Database user names, one per function: each connects through the proxy as
+// its own user, granted the matching least-privilege role of shared/schema.
+const (
+	MasterUser   = "postgres"
+	DatabaseName = "idemarchive"
+	SweeperUser  = "idemarchive_sweeper"
+	ReaderUser   = "idemarchive_reader"
+	OwnerUser    = "idemarchive_owner"
+)
+
+// withDefaults returns p with every unset field at its default.
+func (p Props) withDefaults() Props {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&p.LiveTTL, 24*time.Hour)
+	def(&p.MaxLiveTTL, 168*time.Hour)
+	def(&p.SweepInterval, 5*time.Minute)
+	if p.PartitionLeadMonths == 0 {
+		p.PartitionLeadMonths = 3
+	}
+	if p.SweepBatchSize == 0 {
+		p.SweepBatchSize = 10000
+	}
+	if p.ArchiveBytesPerRowBaseline == 0 {
+		p.ArchiveBytesPerRowBaseline = 170
+	}
+	if p.InstanceType == "" {
+		p.InstanceType = "t4g.small"
+	}
+	if p.DeletionProtection == nil {
+		p.DeletionProtection = ptr(true)
+	}
+	if p.RotateMasterSecret == nil {
+		p.RotateMasterSecret = ptr(true)
+	}
+	if p.AuroraMinCapacity == 0 {
+		p.AuroraMinCapacity = 0.5
+	}
+	if p.AuroraMaxCapacity == 0 {
+		p.AuroraMaxCapacity = 4
+	}
+	if p.MetricsNamespace == "" {
+		p.MetricsNamespace = metrics.DefaultNamespace
+	}
+	if p.LogRetentionDays == 0 {
+		p.LogRetentionDays = 90
+	}
+	if p.APIRateLimit == 0 {
+		p.APIRateLimit = 200
+	}
+	if p.APIBurstLimit == 0 {
+		p.APIBurstLimit = 400
+	}
+	return p
+}
+
+// validate checks p (after defaults) before anything is built, so that a bad
+// value fails the synth with a message naming it rather than a deploy.
+func (p Props) validate() error {
+	if p.CodeDir == "" {
+		return errors.New("CodeDir is required: the directory holding <function>.zip (make build writes bin/)")
+	}
+	for _, fn := range FunctionNames {
+		zip := filepath.Join(p.CodeDir, fn+".zip")
+		if _, err := os.Stat(zip); err != nil {
+			return fmt.Errorf("deployment package %s is missing (run make build): %w", zip, err)
+		}
+	}
+	if p.SweepInterval%time.Minute != 0 || p.SweepInterval < 2*time.Minute || p.SweepInterval > time.Hour {
+		return fmt.Errorf("SweepInterval must be whole minutes from 2 to 60, got %s", p.SweepInterval)
+	}
+	if p.AuroraMinCapacity > p.AuroraMaxCapacity {
+		return fmt.Errorf("AuroraMinCapacity %.1f is above AuroraMaxCapacity %.1f", p.AuroraMinCapacity, p.AuroraMaxCapacity)
+	}
+	if _, ok := retentionDays[p.LogRetentionDays]; !ok {
+		return fmt.Errorf("LogRetentionDays %d is not a retention CloudWatch Logs offers", p.LogRetentionDays)
+	}
+	// The functions validate their configuration at start; running the same
+	// validation here turns a bad value into a synth error instead of a
+	// function that fails every invocation after the deploy.
+	env := p.settingsEnv()
+	env["DATABASE_URL"] = "postgres://" + SweeperUser + "@proxy.invalid:5432/" + DatabaseName + "?sslmode=verify-full"
+	env["DATABASE_IAM_AUTH"] = "true"
+	env["DATABASE_EXEC_MODE"] = execMode
+	if _, err := settings.FromEnv(func(k string) string { return env[k] }); err != nil {
+		return fmt.Errorf("function configuration: %w", err)
+	}
+	return nil
+}
+
+// execMode is the statement execution mode behind RDS Proxy: "exec" prepares
+// no named statements, which would pin every session to one database
+// connection and defeat the proxy's pooling.
+const execMode = "exec"
+
+// settingsEnv is the configuration every function shares, as the environment
+// variables of shared/settings.
+func (p Props) settingsEnv() map[string]string {
+	return map[string]string{
+		"METRICS_NAMESPACE":          p.MetricsNamespace,
+		"LIVE_TTL":                   p.LiveTTL.String(),
+		"MAX_LIVE_TTL":               p.MaxLiveTTL.String(),
+		"SWEEP_BATCH_SIZE":           strconv.Itoa(p.SweepBatchSize),
+		"PARTITION_LEAD_MONTHS":      strconv.Itoa(p.PartitionLeadMonths),
+		"PARTITION_RETENTION_MONTHS": strconv.Itoa(p.PartitionRetentionMonths),
+	}
+}
+
+// sweepTimeout is one minute less than the interval: a run always ends before
+// the next one starts, so runs never overlap (they would be safe, since
+// batches claim rows with SKIP LOCKED, but two sweepers only compete for the
+// same I/O). Lambda's limit is 15 minutes.
+func (p Props) sweepTimeout() time.Duration {
+	return min(p.SweepInterval-time.Minute, 15*time.Minute)
+}
+
+func ptr[T any](v T) *T { return &v }
