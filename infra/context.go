@@ -34,6 +34,7 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 		ArchiveBytesPerRowBaseline: c.float("archiveBytesPerRowBaseline"),
 		InstanceType:               c.str("instanceType", ""),
 		DeletionProtection:         c.boolPtr("deletionProtection"),
+		MultiAZ:                    c.bool("multiAz"),
 		Aurora:                     c.bool("aurora"),
 		AuroraMinCapacity:          c.float("auroraMinCapacity"),
 		AuroraMaxCapacity:          c.float("auroraMaxCapacity"),

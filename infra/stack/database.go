@@ -87,6 +87,7 @@ func NewDatabase(scope constructs.Construct, id string, net *Network, p Props) *
 			VpcSubnets:              isolated,
 			Credentials:             creds,
 			DatabaseName:            jsii.String(DatabaseName),
+			MultiAz:                 jsii.Bool(p.MultiAZ),
 			AllocatedStorage:        jsii.Number(20),
 			MaxAllocatedStorage:     jsii.Number(1000),
 			StorageType:             awsrds.StorageType_GP3,
@@ -106,10 +107,18 @@ func NewDatabase(scope constructs.Construct, id string, net *Network, p Props) *
 		rotate = func(o *awsrds.RotationSingleUserOptions) { instance.AddRotationSingleUser(o) }
 	}
 	if *p.RotateMasterSecret {
+		// The rotation function runs in the isolated subnets too and reaches
+		// Secrets Manager through the endpoint, which lets in its group only.
+		rotationSG := awsec2.NewSecurityGroup(c, jsii.String("RotationSecurityGroup"), &awsec2.SecurityGroupProps{
+			Vpc:         net.Vpc,
+			Description: jsii.String("Master password rotation: to the database and the Secrets Manager endpoint"),
+		})
+		net.SecretsManager.Connections().AllowDefaultPortFrom(rotationSG, jsii.String("master password rotation"))
 		rotate(&awsrds.RotationSingleUserOptions{
 			AutomaticallyAfter: awscdk.Duration_Days(jsii.Number(30)),
 			Endpoint:           net.SecretsManager,
 			VpcSubnets:         isolated,
+			SecurityGroup:      rotationSG,
 		})
 	}
 

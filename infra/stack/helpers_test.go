@@ -5,6 +5,7 @@ package stack
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -184,4 +185,17 @@ func flatten(v any) string {
 	}
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// rotationSG returns the logical id of the rotation function's security group.
+func (b bundle) rotationSG(t *testing.T) string {
+	t.Helper()
+	var ids []string
+	for id, r := range b.ofType("AWS::EC2::SecurityGroup") {
+		if strings.HasPrefix(fmt.Sprint(r.Properties["GroupDescription"]), "Master password rotation") {
+			ids = append(ids, id)
+		}
+	}
+	require.Len(t, ids, 1)
+	return ids[0]
 }

@@ -66,6 +66,9 @@ func NewNetwork(scope constructs.Construct, id string, p Props) *Network {
 		secrets = vpc.AddInterfaceEndpoint(jsii.String("SecretsManager"), &awsec2.InterfaceVpcEndpointOptions{
 			Service: awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER(),
 			Subnets: isolated,
+			// Not open to the whole VPC: the rotation function's security
+			// group is let in by the rotation construct.
+			Open: jsii.Bool(false),
 		})
 	}
 	functions := awsec2.NewSecurityGroup(c, jsii.String("FunctionsSecurityGroup"), &awsec2.SecurityGroupProps{

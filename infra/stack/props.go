@@ -70,6 +70,9 @@ type Props struct {
 	// DeletionProtection protects the database (and keeps a snapshot when the
 	// stack is deleted). Default true.
 	DeletionProtection *bool
+	// MultiAZ adds a standby instance in another availability zone (twice
+	// the instance cost). Default false. Ignored with Aurora.
+	MultiAZ bool
 	// Aurora deploys an Aurora PostgreSQL Serverless v2 cluster instead of an
 	// RDS instance, for archives that outgrow one instance's storage and I/O.
 	Aurora bool

@@ -65,6 +65,7 @@ func New(scope constructs.Construct, id string, p Props) (*Stack, error) {
 	if s.Monitoring, err = NewMonitoring(s.Stack, "Monitoring", s.Functions, p); err != nil {
 		return nil, err
 	}
+	suppress(s)
 	awscdk.NewCfnOutput(s.Stack, jsii.String("ApiUrl"), &awscdk.CfnOutputProps{
 		Value: s.API.HTTPAPI.ApiEndpoint(), Description: jsii.String("HTTP API (IAM authorization: sign requests with SigV4)"),
 	})

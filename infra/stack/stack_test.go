@@ -180,6 +180,21 @@ func TestNetworkIsIsolatedWithTheEndpointsInUse(t *testing.T) {
 		"PrivateDnsEnabled": true,
 	})
 
+	// AND only the rotation function may reach the Secrets Manager endpoint
+	var endpointSG string
+	for id, r := range b.ofType("AWS::EC2::SecurityGroup") {
+		if strings.Contains(fmt.Sprint(r.Properties["GroupDescription"]), "SecretsManager") {
+			endpointSG = id
+		}
+	}
+	require.NotEmpty(t, endpointSG)
+	b.template.HasResourceProperties(jsii.String("AWS::EC2::SecurityGroupIngress"), map[string]any{
+		"GroupId":               getAtt(endpointSG, "GroupId"),
+		"FromPort":              443,
+		"SourceSecurityGroupId": getAtt(b.rotationSG(t), "GroupId"),
+	})
+	b.template.ResourcePropertiesCountIs(jsii.String("AWS::EC2::SecurityGroupIngress"), map[string]any{"GroupId": getAtt(endpointSG, "GroupId")}, jsii.Number(1))
+
 	// WHEN rotation is off (LocalStack)
 	b = setup(t, func(p *Props) { p.RotateMasterSecret = ptr(false) })
 	// THEN nothing needs Secrets Manager from the VPC

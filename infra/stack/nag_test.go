@@ -1,0 +1,58 @@
+package stack
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/cxapi"
+	"github.com/aws/jsii-runtime-go"
+	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
+	"github.com/stretchr/testify/require"
+)
+
+// findings runs cdk-nag's AwsSolutions and Serverless packs on a stack built
+// with props and returns every unsuppressed finding, errors and warnings.
+func findings(t *testing.T, mutate func(*Props)) []string {
+	t.Helper()
+	p := Props{CodeDir: placeholderCode(t)}
+	if mutate != nil {
+		mutate(&p)
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	s, err := New(app, "Nag", p)
+	require.NoError(t, err)
+	awscdk.Aspects_Of(app).Add(cdknag.NewAwsSolutionsChecks(&cdknag.NagPackProps{Verbose: jsii.Bool(true)}), nil)
+	awscdk.Aspects_Of(app).Add(cdknag.NewServerlessChecks(&cdknag.NagPackProps{Verbose: jsii.Bool(true)}), nil)
+	annotations := assertions.Annotations_FromStack(s.Stack)
+	var out []string
+	for _, list := range [][]*cxapi.SynthesisMessage{
+		*annotations.FindError(jsii.String("*"), assertions.Match_AnyValue()),
+		*annotations.FindWarning(jsii.String("*"), assertions.Match_AnyValue()),
+	} {
+		for _, m := range list {
+			out = append(out, fmt.Sprintf("%s: %v", *m.Id, m.Entry.Data))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestNagPacksFindNothingUnsuppressed(t *testing.T) {
+	for name, mutate := range map[string]func(*Props){
+		"rds instance":   nil,
+		"aurora":         func(p *Props) { p.Aurora = true },
+		"localstack":     func(p *Props) { p.RotateMasterSecret, p.DeletionProtection = ptr(false), ptr(false) },
+		"existing topic": func(p *Props) { p.AlarmTopicArn = "arn:aws:sns:eu-west-1:123456789012:pager" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			// GIVEN the stack, WHEN the AwsSolutions and Serverless packs
+			// run, THEN every finding is fixed or suppressed with a reason
+			got := findings(t, mutate)
+			require.Empty(t, got, "unsuppressed cdk-nag findings:\n%s", strings.Join(got, "\n"))
+		})
+	}
+}
