@@ -33,6 +33,7 @@ test: lint $(RIE) ## Every test against throwaway PostgreSQL and Redis (self-pro
 .PHONY: infra-test
 infra-test: ## CDK assertion and cdk-nag tests of infra/ (vet, gofmt, go test -race; finds or installs Node.js), localstack/ checks
 	infra/ensure-node.sh
+	bash -n infra/ensure-node.sh && for s in localstack/*.sh; do bash -n "$$s"; done
 	cd infra && $(GO) vet ./...
 	@unformatted=$$(gofmt -l infra); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on: $$unformatted"; exit 1; fi
