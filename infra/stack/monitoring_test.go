@@ -132,7 +132,7 @@ func TestChecklistThresholds(t *testing.T) {
 	perRow := byMetric[metrics.DefaultNamespace+"/"+metrics.ArchiveBytes]
 	require.Equal(t, "IF(rows >= 100000, bytes / rows, 0)", expression(perRow))
 	require.Contains(t, metricNames(perRow), metrics.DefaultNamespace+"/"+metrics.ArchiveRows)
-	require.EqualValues(t, 340, perRow.Properties["Threshold"])
+	require.EqualValues(t, 540, perRow.Properties["Threshold"])
 
 	// WHEN the operator measured another baseline
 	b = setup(t, func(p *Props) { p.ArchiveBytesPerRowBaseline = 200 })

@@ -59,9 +59,12 @@ type Props struct {
 	// alarm topic.
 	NotifyTopicArn string
 	// ArchiveBytesPerRowBaseline is the measured size of one archive row,
-	// indexes included, in bytes. The alarm fires at twice this. Default 170
-	// (measured on PostgreSQL 17 with 200,000 typical rows; the runbook models
-	// 110 bytes of data per row, before tuple headers and the primary key index).
+	// indexes included, in bytes. The alarm fires at twice this. Default 270,
+	// measured with pg_total_relation_size over the partitions (what
+	// idempotency_archive_bytes reports) on PostgreSQL 15 after 200,000 rows
+	// of 45-byte scoped keys and 27-byte resource ids: the runbook's 110
+	// bytes of data per row, plus the tuple header and line pointer, plus the
+	// primary key index on (scoped_key, expired_at). Measure your own keys.
 	ArchiveBytesPerRowBaseline float64
 
 	// InstanceType is the RDS instance class without its "db." prefix.
@@ -124,7 +127,7 @@ func (p Props) withDefaults() Props {
 		p.SweepBatchSize = 10000
 	}
 	if p.ArchiveBytesPerRowBaseline == 0 {
-		p.ArchiveBytesPerRowBaseline = 170
+		p.ArchiveBytesPerRowBaseline = 270
 	}
 	if p.InstanceType == "" {
 		p.InstanceType = "t4g.small"
