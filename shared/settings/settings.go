@@ -52,7 +52,7 @@ var Variables = []Variable{
 	{"CLOCK_SKEW", "5m", "how far ahead the clocks that mint ULID/UUIDv7 keys may run"},
 	{"SKIP_MARGIN", "2 x CLOCK_SKEW", "margin of the archive skip rule; at least CLOCK_SKEW, below LIVE_TTL"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
-	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%)"},
+	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%); 0 means no pause"},
 	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch"},
 	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch"},
 	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s", "no batch starts when the invocation deadline is closer than this"},
@@ -79,7 +79,7 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		MetricsNamespace: getenv("METRICS_NAMESPACE"),
 		Sweep: sweep.Config{
 			BatchSize:        r.int("SWEEP_BATCH_SIZE"),
-			Pause:            r.duration("SWEEP_PAUSE"),
+			Pause:            r.durationOr("SWEEP_PAUSE", sweep.DefaultPause),
 			LockTimeout:      r.duration("SWEEP_LOCK_TIMEOUT"),
 			StatementTimeout: r.duration("SWEEP_STATEMENT_TIMEOUT"),
 			DeadlineMargin:   r.duration("SWEEP_DEADLINE_MARGIN"),
@@ -174,6 +174,15 @@ func (r *reader) bool(name string) bool {
 		r.fail(name, errors.New("not true or false: "+strconv.Quote(v)))
 	}
 	return b
+}
+
+// durationOr is duration for a variable whose zero is meaningful: the
+// default applies only when the variable is unset, so "0" stays 0.
+func (r *reader) durationOr(name string, def time.Duration) time.Duration {
+	if r.getenv(name) == "" {
+		return def
+	}
+	return r.duration(name)
 }
 
 func (r *reader) duration(name string) time.Duration {

@@ -32,6 +32,23 @@ func TestDefaultsAndOverrides(t *testing.T) {
 	}
 }
 
+func TestZeroPauseStaysZero(t *testing.T) {
+	s, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "SWEEP_PAUSE": "0"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Sweep.WithDefaults().Pause != 0 {
+		t.Errorf("SWEEP_PAUSE=0 became %v", s.Sweep.WithDefaults().Pause)
+	}
+	s, err = FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Sweep.Pause != 200*time.Millisecond {
+		t.Errorf("unset SWEEP_PAUSE is %v, want the 200ms default", s.Sweep.Pause)
+	}
+}
+
 func TestErrorsNameTheVariable(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://u@localhost/db"}
 	cases := map[string]string{

@@ -51,6 +51,9 @@ const batchMonthsSQL = `
 SELECT DISTINCT date_trunc('month', expires_at AT TIME ZONE 'UTC')
   FROM (SELECT expires_at FROM idempotency_keys WHERE expires_at < now() ORDER BY expires_at LIMIT $1) s`
 
+// DefaultPause is the pause between batches when none is configured.
+const DefaultPause = 200 * time.Millisecond
+
 // Limits on BatchSize.
 const (
 	MinBatchSize = 1
@@ -61,8 +64,10 @@ const (
 type Config struct {
 	// BatchSize is the most rows one batch moves. Default 10,000; 1 to 50,000.
 	BatchSize int
-	// Pause is the wait between batches, jittered by ±25%. Default 200ms.
-	// Negative means no pause.
+	// Pause is the wait between batches, jittered by ±25%. Zero (or
+	// negative) means no pause: zero is never replaced by a default, so a
+	// sweep asked to run flat out does. DefaultPause (200ms) is what the
+	// SWEEP_PAUSE variable and the --pause flag default to.
 	Pause time.Duration
 	// LockTimeout bounds each wait for a lock inside a batch. Default 2s.
 	LockTimeout time.Duration
@@ -90,7 +95,6 @@ type Config struct {
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, 10_000)
-	c.Pause = cmp.Or(c.Pause, 200*time.Millisecond)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 2*time.Second)
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
 	c.DeadlineMargin = cmp.Or(c.DeadlineMargin, c.StatementTimeout+5*time.Second)
@@ -174,6 +178,14 @@ func (e *MissingPartitionError) Error() string {
 
 func (e *MissingPartitionError) Unwrap() error { return e.Err }
 
+// errPartitionRaced means the partitions a failed batch needed exist by the
+// time the sweeper looked: another sweeper or a partition run created them.
+// The batch is retried, at most maxPartitionRaces times in a row, so a
+// partition that keeps vanishing cannot loop the sweeper.
+var errPartitionRaced = errors.New("the missing partition was created concurrently")
+
+const maxPartitionRaces = 3
+
 // PartitionEnsurer creates the partition for a month; *partition.Manager is one.
 type PartitionEnsurer interface {
 	EnsureMonth(ctx context.Context, t time.Time) ([]string, error)
@@ -231,6 +243,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		s.metrics.Emit(values...)
 	}()
 
+	raced := 0 // consecutive batches whose missing partition appeared meanwhile
 	for {
 		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
 			res.Stopped = stop
@@ -240,12 +253,20 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		var missing *MissingPartitionError
 		if errors.As(err, &missing) {
 			created, cerr := s.createPartitions(ctx, missing)
+			if errors.Is(cerr, errPartitionRaced) && raced < maxPartitionRaces {
+				// Another sweeper or a partition run created the month
+				// between our failed batch and our look: the batch can now
+				// succeed, so run it again.
+				raced++
+				continue
+			}
 			if cerr != nil {
 				return res, fmt.Errorf("sweep batch %d: %w", res.Batches+1, cerr)
 			}
 			res.PartitionsCreated = append(res.PartitionsCreated, created...)
 			continue
 		}
+		raced = 0
 		if err != nil {
 			if ctx.Err() != nil {
 				res.Stopped = StoppedCanceled
@@ -347,7 +368,12 @@ func (s *Sweeper) uncoveredMonths(ctx context.Context) ([]time.Time, error) {
 // explains why the sweeper cannot. It fails when it made no progress, so a
 // batch can never loop on a partition it cannot create.
 func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitionError) ([]string, error) {
-	if s.cfg.FailOnMissingPartition || s.partitions == nil || len(missing.Months) == 0 {
+	if len(missing.Months) == 0 {
+		// Every month the batch needs is covered now: someone created it
+		// after the insert failed.
+		return nil, errPartitionRaced
+	}
+	if s.cfg.FailOnMissingPartition || s.partitions == nil {
 		return nil, missing
 	}
 	var created []string
@@ -362,8 +388,8 @@ func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitio
 		}
 	}
 	if len(created) == 0 {
-		missing.Err = errors.New("the partitions exist but the insert still found none")
-		return nil, missing
+		// EnsureMonth found them all in place: created concurrently.
+		return nil, errPartitionRaced
 	}
 	return created, nil
 }

@@ -208,6 +208,57 @@ func TestMissingPartition(t *testing.T) {
 	})
 }
 
+// racingEnsurer plays the sweeper that loses a race to create a month: the
+// partition appears (another sweeper made it), and this one made nothing.
+type racingEnsurer struct{ winner *partition.Manager }
+
+func (r racingEnsurer) EnsureMonth(ctx context.Context, m time.Time) ([]string, error) {
+	_, err := r.winner.EnsureMonth(ctx, m)
+	return nil, err
+}
+
+func TestLosingARaceToCreateAPartitionRetriesTheBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:ancient", Status: 201, ExpiresAt: time.Date(2020, 3, 15, 12, 0, 0, 0, time.UTC)},
+		dbtest.LiveRow{Key: "idem:v1:recent", Status: 201, ExpiresAt: time.Now().Add(-time.Minute)},
+	)
+	res, err := newSweeper(t, b.db.Pool, sweep.Config{}, racingEnsurer{winner: b.parts}, nil).Run(context.Background())
+	require.NoError(t, err, "the loser must retry its batch, not fail")
+	require.Empty(t, res.PartitionsCreated, "this sweeper created nothing")
+	require.Equal(t, int64(2), res.Moved)
+	require.Equal(t, 201, archiveRow(t, b.db.Pool, "idem:v1:ancient").Status)
+}
+
+func TestZeroPauseMeansNoPause(t *testing.T) {
+	t.Parallel()
+	require.Zero(t, sweep.Config{Pause: 0}.WithDefaults().Pause, "an explicit zero pause must not become the default")
+	b := setup(t)
+	for i := range 30 {
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("z%02d", i), Status: 200, ExpiresAt: time.Now().Add(-time.Hour)})
+	}
+	s, err := sweep.New(b.db.Pool, sweep.Config{BatchSize: 1, Pause: 0}, nil, nil)
+	require.NoError(t, err)
+	var sleeps atomic.Int32
+	s.SetSleep(func(context.Context, time.Duration) error { sleeps.Add(1); return nil })
+	res, err := s.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int64(30), res.Moved)
+	require.Zero(t, sleeps.Load(), "a zero pause slept between batches")
+
+	// The same sweep with a pause sleeps between every full batch.
+	for i := range 3 {
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("p%02d", i), Status: 200, ExpiresAt: time.Now().Add(-time.Hour)})
+	}
+	s, err = sweep.New(b.db.Pool, sweep.Config{BatchSize: 1, Pause: time.Millisecond}, nil, nil)
+	require.NoError(t, err)
+	s.SetSleep(func(context.Context, time.Duration) error { sleeps.Add(1); return nil })
+	_, err = s.Run(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 3, sleeps.Load())
+}
+
 func TestStopsBeforeTheDeadlineAndAfterMaxDuration(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
