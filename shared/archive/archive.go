@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -145,14 +146,19 @@ func (r *Reader) NeedsLookup(scopedKey string) bool {
 	return r.rule.NeedsLookup(scopedKey, r.cfg.Now())
 }
 
-// lookupSQL reads the newest archive row of a key. $3 is the earliest possible
-// expiry; -infinity when the key carries no timestamp.
+// lookupSQL reads the archive row that answers for a key: the newest
+// completed one, else the newest in-flight one (status 0). A completed row
+// wins over a newer in-flight row of the same key: such a row is left behind
+// when a registration made after the key's first life (an archive hit, a 503)
+// could not be released, and it must not hide the outcome the client needs.
+// $2 is the earliest possible expiry; -infinity when the key carries no
+// timestamp.
 const lookupSQL = `
 SELECT status_code, resource_id, created_at, expired_at, fingerprint
   FROM idempotency_key_archive
  WHERE scoped_key = $1
    AND expired_at >= $2
- ORDER BY expired_at DESC
+ ORDER BY status_code <> 0 DESC, expired_at DESC
  LIMIT 1`
 
 // Lookup returns the newest archive row for scopedKey, or ErrNotFound. When
@@ -215,6 +221,9 @@ func validateKey(k string) error {
 		return fmt.Errorf("%w: longer than %d bytes", ErrInvalidKey, MaxScopedKeyBytes)
 	case !utf8.ValidString(k):
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	case strings.IndexByte(k, 0) >= 0:
+		// PostgreSQL text cannot hold NUL: no archived key contains one.
+		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidKey)
 	}
 	return nil
 }
@@ -298,8 +307,8 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 
 // queryArgs validates q and returns the arguments of querySQL and the page size.
 func (r *Reader) queryArgs(q Query) ([]any, int, error) {
-	if q.ScopePrefix == "" || !utf8.ValidString(q.ScopePrefix) || len(q.ScopePrefix) > MaxScopedKeyBytes {
-		return nil, 0, fmt.Errorf("%w: scope prefix must be non-empty UTF-8 of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
+	if q.ScopePrefix == "" || !utf8.ValidString(q.ScopePrefix) || len(q.ScopePrefix) > MaxScopedKeyBytes || strings.IndexByte(q.ScopePrefix, 0) >= 0 {
+		return nil, 0, fmt.Errorf("%w: scope prefix must be non-empty UTF-8 without NUL bytes, of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
 	}
 	if q.CreatedFrom.IsZero() || q.CreatedTo.IsZero() || !q.CreatedFrom.Before(q.CreatedTo) {
 		return nil, 0, fmt.Errorf("%w: created_from must be before created_to", ErrInvalidQuery)
@@ -342,7 +351,7 @@ func decodeCursor(s string) (cursor, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil || c.Key == "" || c.ExpiredAt.IsZero() || !utf8.ValidString(c.Key) {
+	if err := dec.Decode(&c); err != nil || c.Key == "" || c.ExpiredAt.IsZero() || !utf8.ValidString(c.Key) || strings.IndexByte(c.Key, 0) >= 0 {
 		return c, ErrInvalidCursor
 	}
 	return c, nil

@@ -3,6 +3,7 @@ package archive_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -137,6 +138,35 @@ func explainPartitions(t *testing.T, pool *pgxpool.Pool, sql string, args ...any
 	}
 	require.NoError(t, rows.Err())
 	return touched
+}
+
+func TestACompletedRowAnswersOverANewerInFlightRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dbtest.InsertArchive(t, b.db.Pool,
+		dbtest.ArchiveRow{Key: "idem:v1:charged", Status: 201, ResourceID: ptr("ch_1"), ExpiredAt: now.Add(-48 * time.Hour)},
+		// A later registration of the same key that was never released.
+		dbtest.ArchiveRow{Key: "idem:v1:charged", Status: archive.InFlightStatus, ExpiredAt: now.Add(-time.Hour)},
+	)
+	rec, err := newReader(t, b.reader, nil).Lookup(context.Background(), "idem:v1:charged", nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+	require.Equal(t, ptr("ch_1"), rec.ResourceID)
+}
+
+func TestInputPostgreSQLCannotHoldIsInvalid(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := newReader(t, b.reader, nil)
+	ctx := context.Background()
+	_, err := r.Lookup(ctx, "idem:v1:a\x00b", nil)
+	require.ErrorIs(t, err, archive.ErrInvalidKey)
+	q := archive.Query{ScopePrefix: "idem:\x00", CreatedFrom: now.Add(-time.Hour), CreatedTo: now}
+	_, err = r.Investigate(ctx, q)
+	require.ErrorIs(t, err, archive.ErrInvalidQuery)
+	cur := base64.RawURLEncoding.EncodeToString([]byte(`{"k":"a\u0000b","e":"2026-01-01T00:00:00Z"}`))
+	_, err = r.Investigate(ctx, archive.Query{ScopePrefix: "idem:", CreatedFrom: now.Add(-time.Hour), CreatedTo: now, Cursor: cur})
+	require.ErrorIs(t, err, archive.ErrInvalidCursor)
 }
 
 func TestLookupOfATimestampedKeyTouchesFewPartitions(t *testing.T) {
