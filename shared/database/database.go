@@ -7,9 +7,12 @@ package database
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -34,11 +37,16 @@ type Config struct {
 	URL string
 	// SecretARN names a Secrets Manager secret in the shape RDS generates
 	// ({"username","password","host","port","dbname",...}). It is fetched on
-	// the first connection and again when older than SecretTTL, so a rotated
-	// password is picked up.
+	// the first connection and again when older than SecretTTL, or sooner
+	// when a new connection is refused its password (a rotation), so a
+	// rotated password is picked up without an outage.
 	SecretARN string
 	// SecretTTL is how long a fetched secret is reused. Default 5 minutes.
 	SecretTTL time.Duration
+	// SecretMinRefetch is the least time between two fetches of the secret
+	// when new connections fail to authenticate (after a rotation, before
+	// SecretTTL has passed). Default 5 seconds.
+	SecretMinRefetch time.Duration
 	// IAMAuth mints an RDS IAM authentication token as the password of every
 	// new connection (for RDS Proxy or RDS with IAM database authentication).
 	// The URL names host, port, user and database; AWS_REGION the region.
@@ -46,13 +54,25 @@ type Config struct {
 	// InsecureTLS allows a non-local host without sslmode=verify-full. Only
 	// for test rigs such as LocalStack; never in production.
 	InsecureTLS bool
-	// MaxConns caps the pool. Default 4.
+	// SSLRootCert is the path of a PEM file of the certificate authorities
+	// the server's certificate must chain to: the RDS CA bundle
+	// (global-bundle.pem) for a direct connection to RDS. When set, every
+	// connection uses sslmode=verify-full with sslrootcert=SSLRootCert,
+	// overriding both options in URL. Empty uses what URL says (the system
+	// roots with sslmode=verify-full, which is enough behind RDS Proxy).
+	SSLRootCert string
+	// MaxConns caps the pool, 1 to MaxMaxConns. 0 means the default, 4: a
+	// pool of no connections cannot work, so 0 is never meant literally.
 	MaxConns int32
 	// ExecMode selects how statements are sent. "cache_statement" (default)
 	// uses named prepared statements; "exec" and "simple_protocol" prepare
 	// nothing server-side, which keeps RDS Proxy from pinning sessions.
 	ExecMode string
 }
+
+// MaxMaxConns is the largest pool Config accepts. RDS allows a few thousand
+// connections per instance at most; a pool larger than this is a typo.
+const MaxMaxConns = 1000
 
 var execModes = map[string]pgx.QueryExecMode{
 	"cache_statement": pgx.QueryExecModeCacheStatement,
@@ -82,20 +102,28 @@ func (c Config) PoolConfig() (*pgxpool.Config, error) {
 		// the TLS rule below applies.
 		connString = "host=secret.invalid sslmode=verify-full"
 	}
+	if c.SSLRootCert != "" {
+		if err := checkRootCert(c.SSLRootCert); err != nil {
+			return nil, err
+		}
+		var err error
+		if connString, err = withVerifyFull(connString, c.SSLRootCert); err != nil {
+			return nil, err
+		}
+	}
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		return nil, errors.New("database URL is not a valid PostgreSQL connection string")
 	}
-	if c.URL != "" && !c.InsecureTLS && !isLocal(cfg.ConnConfig.Host) && !verifiesFull(cfg) {
-		return nil, fmt.Errorf("database host %s is not local: use sslmode=verify-full (with sslrootcert naming the RDS CA bundle when not behind RDS Proxy)", cfg.ConnConfig.Host)
+	if c.URL != "" && !c.InsecureTLS {
+		if host, ok := everyHostVerified(cfg.ConnConfig); !ok {
+			return nil, fmt.Errorf("database host %s is not local: use sslmode=verify-full (with sslrootcert naming the RDS CA bundle when not behind RDS Proxy)", host)
+		}
 	}
-	if c.MaxConns < 0 {
-		return nil, fmt.Errorf("database max connections must be positive, got %d", c.MaxConns)
+	if c.MaxConns < 0 || c.MaxConns > MaxMaxConns {
+		return nil, fmt.Errorf("database max connections must be 1 to %d, got %d", MaxMaxConns, c.MaxConns)
 	}
-	if c.MaxConns == 0 {
-		c.MaxConns = 4
-	}
-	cfg.MaxConns = c.MaxConns
+	cfg.MaxConns = cmp.Or(c.MaxConns, 4)
 	if c.ExecMode != "" {
 		mode, ok := execModes[strings.ToLower(c.ExecMode)]
 		if !ok {
@@ -116,20 +144,56 @@ func isLocal(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// verifiesFull reports whether every connection attempt verifies the server's
-// certificate and name (sslmode=verify-full): no plaintext fallback, no skipped
-// verification.
-func verifiesFull(cfg *pgxpool.Config) bool {
-	cc := cfg.ConnConfig
-	if cc.TLSConfig == nil || cc.TLSConfig.InsecureSkipVerify || cc.TLSConfig.ServerName == "" {
-		return false
-	}
-	for _, fb := range cc.Fallbacks {
-		if fb.TLSConfig == nil || fb.TLSConfig.InsecureSkipVerify {
-			return false
+// everyHostVerified reports whether every host a connection may reach — the
+// first and each fallback of a multi-host string — is local or verifies the
+// server's certificate and name (sslmode=verify-full: no plaintext fallback,
+// no skipped verification). When not, it returns the first host at fault.
+func everyHostVerified(cc *pgx.ConnConfig) (string, bool) {
+	attempts := []*pgconn.FallbackConfig{{Host: cc.Host, Port: cc.Port, TLSConfig: cc.TLSConfig}}
+	attempts = append(attempts, cc.Fallbacks...)
+	for _, a := range attempts {
+		if isLocal(a.Host) {
+			continue
+		}
+		if a.TLSConfig == nil || a.TLSConfig.InsecureSkipVerify || a.TLSConfig.ServerName == "" {
+			return a.Host, false
 		}
 	}
-	return true
+	return "", true
+}
+
+// checkRootCert reports, naming the file, why path is not a usable CA bundle.
+func checkRootCert(path string) error {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("database CA bundle: %w", err)
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+		return fmt.Errorf("database CA bundle %s holds no PEM certificate", path)
+	}
+	return nil
+}
+
+// withVerifyFull returns connString with sslmode=verify-full and sslrootcert
+// set to path, replacing any value it had, in either of the two forms
+// PostgreSQL connection strings take.
+func withVerifyFull(connString, path string) (string, error) {
+	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") {
+		u, err := url.Parse(connString)
+		if err != nil {
+			return "", errors.New("database URL is not a valid PostgreSQL connection string")
+		}
+		q := u.Query()
+		q.Set("sslmode", "verify-full")
+		q.Set("sslrootcert", path)
+		// pgconn unescapes the query as a path: a space must be %20, not
+		// the + that Encode writes (a literal + is already %2B).
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+		return u.String(), nil
+	}
+	// Keyword/value form: a later keyword overrides an earlier one.
+	quoted := strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(path)
+	return connString + " sslmode=verify-full sslrootcert='" + quoted + "'", nil
 }
 
 // Open validates c and creates a pool. It does not connect: the first query
@@ -144,7 +208,13 @@ func Open(ctx context.Context, c Config, awsCfg *aws.Config) (*pgxpool.Pool, err
 	}
 	switch {
 	case c.SecretARN != "":
-		src := &secretSource{arn: c.SecretARN, ttl: cmp.Or(c.SecretTTL, 5*time.Minute), client: secretsmanager.NewFromConfig(*awsCfg), overrideHost: c.URL != ""}
+		src := &secretSource{
+			arn:          c.SecretARN,
+			ttl:          cmp.Or(c.SecretTTL, 5*time.Minute),
+			minRefetch:   cmp.Or(c.SecretMinRefetch, 5*time.Second),
+			client:       secretsmanager.NewFromConfig(*awsCfg),
+			overrideHost: c.URL != "",
+		}
 		cfg.BeforeConnect = src.beforeConnect
 	case c.IAMAuth:
 		creds, region := awsCfg.Credentials, awsCfg.Region
@@ -212,6 +282,7 @@ func SQLState(err error) string {
 const (
 	CodeCheckViolation        = "23514" // also raised for "no partition of relation found for row"
 	CodeInsufficientPrivilege = "42501"
+	CodeInvalidPassword       = "28P01" // password authentication failed
 	CodeLockNotAvailable      = "55P03" // lock_timeout expired
 	CodeQueryCanceled         = "57014" // statement_timeout expired
 	CodeUndefinedTable        = "42P01"

@@ -2,11 +2,21 @@ package database_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +24,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -40,6 +51,15 @@ func TestTLSIsVerifiedFullOutsideLocalUse(t *testing.T) {
 		{database.Config{IAMAuth: true}, false},
 		{database.Config{}, false},
 		{database.Config{URL: "postgres://u@localhost/app", ExecMode: "turbo"}, false},
+		// Every host of a multi-host string is checked, not just the first.
+		{database.Config{URL: "postgres://u:pw@127.0.0.1,db.prod.example.com/db"}, false},
+		{database.Config{URL: "postgres://u:pw@127.0.0.1,db.prod.example.com/db?sslmode=require"}, false},
+		{database.Config{URL: "postgres://u:pw@db.prod.example.com,db2.prod.example.com/db?sslmode=verify-full"}, true},
+		{database.Config{URL: "host=localhost,db.prod.example.com user=u"}, false},
+		{database.Config{URL: "postgres://u@localhost,127.0.0.1/app"}, true},
+		{database.Config{URL: "postgres://u@localhost/app", MaxConns: database.MaxMaxConns}, true},
+		{database.Config{URL: "postgres://u@localhost/app", MaxConns: database.MaxMaxConns + 1}, false},
+		{database.Config{URL: "postgres://u@localhost/app", MaxConns: -1}, false},
 	}
 	for _, tc := range cases {
 		_, err := tc.cfg.PoolConfig()
@@ -48,6 +68,77 @@ func TestTLSIsVerifiedFullOutsideLocalUse(t *testing.T) {
 			require.NotContains(t, err.Error(), "postgres://", "errors never echo the connection string")
 		}
 	}
+}
+
+func TestTheErrorNamesTheUnverifiedFallbackHost(t *testing.T) {
+	t.Parallel()
+	_, err := database.Config{URL: "postgres://u:pw@127.0.0.1,db.prod.example.com/db"}.PoolConfig()
+	require.ErrorContains(t, err, "db.prod.example.com")
+	require.NotContains(t, err.Error(), "pw")
+}
+
+// caBundle writes a PEM file holding one self-signed CA certificate.
+func caBundle(t *testing.T, name string) (string, *x509.Certificate) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test RDS CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	return path, cert
+}
+
+func TestSSLRootCertVerifiesEveryHostAgainstTheBundle(t *testing.T) {
+	t.Parallel()
+	path, cert := caBundle(t, "rds 'global' bundle.pem") // a quote and a space survive both forms
+	want := x509.NewCertPool()
+	want.AddCert(cert)
+
+	for _, c := range []database.Config{
+		{SecretARN: "arn:aws:secretsmanager:eu-west-1:1:secret:db", SSLRootCert: path},
+		{URL: "postgres://u@db.example.com,db2.example.com/app", SSLRootCert: path},
+		{URL: "postgres://u@db.example.com/app?sslmode=require&sslrootcert=/elsewhere.pem", SSLRootCert: path},
+		{URL: "host=db.example.com user=u sslmode=disable", SSLRootCert: path},
+	} {
+		cfg, err := c.PoolConfig()
+		require.NoError(t, err, "%+v", c)
+		cc := cfg.ConnConfig
+		attempts := append([]*pgconn.FallbackConfig{{Host: cc.Host, TLSConfig: cc.TLSConfig}}, cc.Fallbacks...)
+		for _, a := range attempts {
+			require.NotNil(t, a.TLSConfig, "%s: a plaintext attempt", a.Host)
+			require.False(t, a.TLSConfig.InsecureSkipVerify, a.Host)
+			require.Equal(t, a.Host, a.TLSConfig.ServerName, "verify-full checks the name")
+			require.True(t, want.Equal(a.TLSConfig.RootCAs), "%s: not the bundle's roots", a.Host)
+		}
+	}
+
+	_, err := database.Config{SecretARN: "arn:x", SSLRootCert: filepath.Join(t.TempDir(), "missing.pem")}.PoolConfig()
+	require.ErrorContains(t, err, "missing.pem")
+	notPEM := filepath.Join(t.TempDir(), "bundle.pem")
+	require.NoError(t, os.WriteFile(notPEM, []byte("not a certificate"), 0o600))
+	_, err = database.Config{SecretARN: "arn:x", SSLRootCert: notPEM}.PoolConfig()
+	require.ErrorContains(t, err, "holds no PEM certificate")
+}
+
+func TestSSLRootCertNeverFallsBackToPlaintext(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t) // the test server speaks no TLS
+	path, _ := caBundle(t, "ca.pem")
+	pool, err := database.Open(context.Background(), database.Config{URL: db.URL, SSLRootCert: path}, nil)
+	require.NoError(t, err)
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = pool.Ping(ctx)
+	require.ErrorContains(t, err, "refused TLS")
 }
 
 func TestExecModes(t *testing.T) {
@@ -64,8 +155,31 @@ func TestExecModes(t *testing.T) {
 	}
 }
 
+// fakeSecret is the value a fake Secrets Manager serves; set rotates it.
+type fakeSecret struct {
+	mu sync.Mutex
+	v  map[string]any
+}
+
+func (f *fakeSecret) set(k string, v any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.v[k] = v
+}
+
+func (f *fakeSecret) json() []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, _ := json.Marshal(f.v)
+	return b
+}
+
 // fakeSecretsManager answers GetSecretValue as the AWS JSON 1.1 protocol does.
 func fakeSecretsManager(t *testing.T, secret map[string]any, calls *atomic.Int32) *httptest.Server {
+	return fakeRotatingSecretsManager(t, &fakeSecret{v: secret}, calls)
+}
+
+func fakeRotatingSecretsManager(t *testing.T, secret *fakeSecret, calls *atomic.Int32) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		if r.Header.Get("X-Amz-Target") != "secretsmanager.GetSecretValue" {
@@ -79,7 +193,7 @@ func fakeSecretsManager(t *testing.T, secret map[string]any, calls *atomic.Int32
 			fmt.Fprint(w, `{"__type":"ResourceNotFoundException","message":"no such secret"}`)
 			return
 		}
-		s, _ := json.Marshal(secret)
+		s := secret.json()
 		w.Header().Set("Content-Type", "application/x-amz-json-1.1")
 		_ = json.NewEncoder(w).Encode(map[string]any{"ARN": in.SecretId, "Name": "archive-db", "SecretString": string(s)})
 	}))

@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // rdsSecret is the JSON shape of the secrets RDS generates and rotates.
@@ -22,48 +23,124 @@ type rdsSecret struct {
 	DBName   string          `json:"dbname"`
 }
 
+func (r rdsSecret) sameCredentials(o rdsSecret) bool {
+	return r.Username == o.Username && r.Password == o.Password
+}
+
 // secretSource fetches a database secret once and again after ttl, and fills
 // connection settings from it before every new connection.
+//
+// A rotation changes the password in PostgreSQL before a cached copy expires,
+// so a new connection may present the old password and fail with 28P01. To
+// hide that, a connection made with a secret fetched more than minRefetch ago
+// is tried first (a probe that is closed at once); on an authentication
+// failure the secret is fetched again and the pool's own attempt uses the new
+// one: one retry, and at most one fetch per minRefetch however many
+// connections fail. A connection made with a secret fetched within minRefetch
+// is not probed: no newer secret could be fetched for its retry, so its one
+// attempt is the pool's. The probe costs one extra connection setup per new
+// pool connection (pools here are 2 to 4 connections that live for an hour),
+// never more than one.
 type secretSource struct {
 	arn          string
 	ttl          time.Duration
+	minRefetch   time.Duration
 	client       *secretsmanager.Client
 	overrideHost bool // DATABASE_URL names the host (an RDS Proxy endpoint)
 
 	mu        sync.Mutex
 	secret    rdsSecret
-	fetchedAt time.Time
+	fetchedAt time.Time // of secret
+	triedAt   time.Time // of the last fetch, successful or not
 }
 
-func (s *secretSource) get(ctx context.Context) (rdsSecret, error) {
+// get returns the cached secret, fetching it when there is none or it is
+// older than ttl, and whether a fetch was tried within minRefetch (so that
+// refetch would refuse to try again).
+func (s *secretSource) get(ctx context.Context) (rdsSecret, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.fetchedAt.IsZero() && time.Since(s.fetchedAt) < s.ttl {
-		return s.secret, nil
+	switch {
+	case s.fetchedAt.IsZero():
+		if err := s.fetchLocked(ctx); err != nil {
+			return rdsSecret{}, false, err
+		}
+	case time.Since(s.fetchedAt) >= s.ttl && time.Since(s.triedAt) >= s.minRefetch:
+		// On failure keep using the last good secret.
+		_ = s.fetchLocked(ctx)
 	}
+	return s.secret, time.Since(s.triedAt) < s.minRefetch, nil
+}
+
+// refetch returns a secret to retry with after rejected failed
+// authentication: the cached one if another connection has replaced it since,
+// else a newly fetched one, unless the last fetch was less than minRefetch
+// ago. ok is false when there is nothing new to try.
+func (s *secretSource) refetch(ctx context.Context, rejected rdsSecret) (sec rdsSecret, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.secret.sameCredentials(rejected) {
+		return s.secret, true, nil
+	}
+	if time.Since(s.triedAt) < s.minRefetch {
+		return rdsSecret{}, false, nil
+	}
+	if err := s.fetchLocked(ctx); err != nil {
+		return rdsSecret{}, false, err
+	}
+	return s.secret, !s.secret.sameCredentials(rejected), nil
+}
+
+func (s *secretSource) fetchLocked(ctx context.Context) error {
+	s.triedAt = time.Now()
 	out, err := s.client.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(s.arn)})
 	if err != nil {
-		if !s.fetchedAt.IsZero() {
-			return s.secret, nil // keep using the last good secret
-		}
-		return rdsSecret{}, fmt.Errorf("fetch database secret: %w", err)
+		return fmt.Errorf("fetch database secret: %w", err)
 	}
 	var sec rdsSecret
 	if out.SecretString == nil || json.Unmarshal([]byte(*out.SecretString), &sec) != nil {
-		return rdsSecret{}, errors.New("database secret is not the JSON that RDS generates (username, password, host, port, dbname)")
+		return errors.New("database secret is not the JSON that RDS generates (username, password, host, port, dbname)")
 	}
 	if sec.Username == "" || sec.Password == "" {
-		return rdsSecret{}, errors.New("database secret lacks a username or password")
+		return errors.New("database secret lacks a username or password")
 	}
 	s.secret, s.fetchedAt = sec, time.Now()
-	return sec, nil
+	return nil
 }
 
 func (s *secretSource) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) error {
-	sec, err := s.get(ctx)
+	sec, fresh, err := s.get(ctx)
 	if err != nil {
 		return err
 	}
+	orig := cc.Copy()
+	if err := s.apply(cc, sec); err != nil || fresh {
+		return err
+	}
+	probe, err := pgconn.ConnectConfig(ctx, &cc.Config)
+	if err == nil {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = probe.Close(closeCtx)
+		return nil
+	}
+	if SQLState(err) != CodeInvalidPassword {
+		return err
+	}
+	next, ok, ferr := s.refetch(ctx, sec)
+	if ferr != nil {
+		return fmt.Errorf("%w (and the secret could not be fetched again: %v)", err, ferr)
+	}
+	if !ok {
+		return err
+	}
+	*cc = *orig
+	return s.apply(cc, next)
+}
+
+// apply fills cc with the credentials, and unless DATABASE_URL names the
+// endpoint, the host, port and database of sec.
+func (s *secretSource) apply(cc *pgx.ConnConfig, sec rdsSecret) error {
 	cc.User, cc.Password = sec.Username, sec.Password
 	if !s.overrideHost {
 		if sec.Host == "" {
