@@ -23,8 +23,13 @@
 //
 // # Fingerprint
 //
-// SHA-256 over the method, a newline, the request path as sent (escaped, no
-// query string), a newline, and the raw request body.
+// SHA-256 over exactly these bytes: the method, "\n", the request target as
+// sent (the escaped path, then "?" and the raw query string when there is
+// one), "\n", and the raw request body. "POST /v1/refunds?charge=ch_1" with
+// body {"amount":100} hashes "POST\n/v1/refunds?charge=ch_1\n{\"amount\":100}".
+// The query is taken byte for byte: the same parameters in another order or
+// encoding are a different request. Requests without a query hash as they
+// did before the query was covered.
 //
 // # Flow
 //
@@ -50,6 +55,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -239,15 +245,25 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-// Fingerprint is SHA-256 over method, "\n", escaped path, "\n", body.
-func Fingerprint(method, escapedPath string, body []byte) []byte {
+// Fingerprint is SHA-256 over method, "\n", target, "\n", body, where
+// target is RequestTarget of the request.
+func Fingerprint(method, target string, body []byte) []byte {
 	h := sha256.New()
 	h.Write([]byte(method))
 	h.Write([]byte{'\n'})
-	h.Write([]byte(escapedPath))
+	h.Write([]byte(target))
 	h.Write([]byte{'\n'})
 	h.Write(body)
 	return h.Sum(nil)
+}
+
+// RequestTarget is the part of the URL the fingerprint covers: the escaped
+// path, and "?" plus the raw query when the query is not empty.
+func RequestTarget(u *url.URL) string {
+	if u.RawQuery == "" {
+		return u.EscapedPath()
+	}
+	return u.EscapedPath() + "?" + u.RawQuery
 }
 
 // Wrap returns next behind the middleware.
@@ -293,7 +309,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 				fmt.Sprintf("the tenant scope and the key together exceed %d bytes", archive.MaxScopedKeyBytes), nil)
 			return
 		}
-		m.serve(w, r, next, scoped, Fingerprint(r.Method, r.URL.EscapedPath(), body))
+		m.serve(w, r, next, scoped, Fingerprint(r.Method, RequestTarget(r.URL), body))
 	})
 }
 
@@ -351,7 +367,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if rec.status >= 500 {
 		m.release(ctx, scoped, fp)
 	} else {
-		c := Completion{Fingerprint: fp, Status: rec.status, Body: rec.body.Bytes(), ContentType: rec.header.Get("Content-Type"), ResourceID: resourceID(rec.body.Bytes(), m.path)}
+		c := Completion{Fingerprint: fp, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path)}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		err := m.cfg.Store.Complete(cctx, scoped, c)
 		cancel()
@@ -427,10 +443,28 @@ func (m *Middleware) problem(w http.ResponseWriter, _ *http.Request, status int,
 	problem.Write(w, p)
 }
 
-// resourceID reads a string at path in a JSON body, or nil.
+// storableContentType drops a Content-Type that PostgreSQL text could not
+// hold (NUL, invalid UTF-8), so an odd header never fails a completion.
+func storableContentType(ct string) string {
+	if !utf8.ValidString(ct) || strings.IndexByte(ct, 0) >= 0 || len(ct) > 1024 {
+		return ""
+	}
+	return ct
+}
+
+// MaxResourceIDBytes bounds the resource id kept from a response: an id is
+// short, and the archive keeps it forever.
+const MaxResourceIDBytes = 255
+
+// resourceID reads a string at path in a JSON body, or nil. Numbers are
+// decoded as text, so a number no float can hold (1e1000000) does not hide
+// the id; an id PostgreSQL text cannot hold (a NUL byte), or one longer than
+// MaxResourceIDBytes, is not kept.
 func resourceID(body []byte, path []string) *string {
 	var v any
-	if json.Unmarshal(body, &v) != nil {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if dec.Decode(&v) != nil {
 		return nil
 	}
 	for _, p := range path {
@@ -441,7 +475,7 @@ func resourceID(body []byte, path []string) *string {
 		v = obj[p]
 	}
 	s, ok := v.(string)
-	if !ok {
+	if !ok || len(s) > MaxResourceIDBytes || strings.IndexByte(s, 0) >= 0 {
 		return nil
 	}
 	return &s
@@ -458,7 +492,13 @@ type recorder struct {
 
 func (r *recorder) Header() http.Header { return r.header }
 
+// WriteHeader records the final status. An informational status (1xx, such
+// as 103 Early Hints) is not the answer and is never stored: a later
+// WriteHeader or Write sets the real one.
 func (r *recorder) WriteHeader(status int) {
+	if status >= 100 && status < 200 {
+		return
+	}
 	if !r.wroteHeader {
 		r.status, r.wroteHeader = status, true
 	}

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -442,6 +444,12 @@ func TestPostgresStoreInEveryExecModeReplaysBodiesExactly(t *testing.T) {
 				{"application/octet-stream", "\x00\xff binary \x01"},
 				{"text/plain; charset=latin1", "caf\xe9"},
 				{"application/json", `not json at all`},
+				// Valid JSON with key order and spacing of its own, and JSON
+				// that jsonb rejects: all replayed exactly.
+				{"application/json", `{"z":1,  "id":"ch_2", "a":2}`},
+				{"application/json", `{"id":"ch_3","note":"\u0000"}`},
+				{"application/json", `{"id":"ch_4","s":"\ud800"}`},
+				{"application/json", `{"id":"ch_5","n":1e1000000}`},
 			} {
 				calls := 0
 				srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -456,10 +464,13 @@ func TestPostgresStoreInEveryExecModeReplaysBodiesExactly(t *testing.T) {
 				require.Equal(t, 201, again.Code, again.Body.String())
 				require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "%s %q", tc.ct, tc.body)
 				require.Equal(t, tc.ct, again.Header().Get("Content-Type"))
-				if tc.ct == "application/json" && tc.body[0] == '{' {
-					require.JSONEq(t, tc.body, again.Body.String())
-				} else {
-					require.Equal(t, tc.body, again.Body.String())
+				require.Equal(t, tc.body, again.Body.String(), "replayed byte for byte")
+				if id, ok := strings.CutPrefix(tc.body, `{"id":"`); ok {
+					var rid *string
+					require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+						"SELECT resource_id FROM idempotency_keys WHERE scoped_key = $1", idempotency.ScopedKey("", key)).Scan(&rid))
+					require.NotNil(t, rid, "resource id of %s", tc.body)
+					require.Equal(t, id[:4], *rid)
 				}
 				require.Equal(t, 1, calls)
 			}
@@ -525,4 +536,53 @@ func TestTenantScopePlusKeyIsBounded(t *testing.T) {
 	w := post(srv, strings.Repeat("k", 255), `{}`)
 	require.Equal(t, 400, w.Code)
 	require.Contains(t, problemOf(t, w)["detail"], "exceed")
+}
+
+func TestInformationalStatusIsNeverTheRecordedOne(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		calls := 0
+		srv := b.middleware(t, idempotency.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls++
+			w.Header().Set("Link", "</style.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"id":"ch_hints"}`))
+		}))
+		first := post(srv, "early-hints", `{}`)
+		require.Equal(t, http.StatusCreated, first.Code)
+		again := post(srv, "early-hints", `{}`)
+		require.Equal(t, http.StatusCreated, again.Code, "the replay must carry the final status, not 103")
+		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed))
+		require.Equal(t, 1, calls)
+	})
+}
+
+func TestTheFingerprintCoversTheQueryString(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		h := &charges{}
+		srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+		send := func(target string) *httptest.ResponseRecorder {
+			r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(`{"amount":100}`))
+			r.Header.Set(idempotency.HeaderKey, "refund-1")
+			w := httptest.NewRecorder()
+			srv.ServeHTTP(w, r)
+			return w
+		}
+		require.Equal(t, 201, send("/v1/refunds?charge=ch_1").Code)
+		require.Equal(t, 201, send("/v1/refunds?charge=ch_1").Code, "the same request replays")
+		other := send("/v1/refunds?charge=ch_2")
+		require.Equal(t, http.StatusUnprocessableEntity, other.Code, other.Body.String())
+		require.Equal(t, "idempotency_key_reused", problemOf(t, other)["code"])
+		require.EqualValues(t, 1, h.calls.Load())
+	})
+	// The exact bytes hashed, as documented.
+	want := sha256.Sum256([]byte("POST\n/v1/refunds?charge=ch_1\n{\"amount\":100}"))
+	u, _ := url.Parse("/v1/refunds?charge=ch_1")
+	require.Equal(t, want[:], idempotency.Fingerprint("POST", idempotency.RequestTarget(u), []byte(`{"amount":100}`)))
+	u, _ = url.Parse("/v1/charges")
+	plain := sha256.Sum256([]byte("POST\n/v1/charges\n{}"))
+	require.Equal(t, plain[:], idempotency.Fingerprint("POST", idempotency.RequestTarget(u), []byte(`{}`)), "no query: hashed as before")
 }

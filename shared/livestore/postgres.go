@@ -5,10 +5,8 @@ package livestore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -95,22 +93,18 @@ func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, erro
 	return e, nil
 }
 
-// Complete records the response. A JSON body (JSON content type, valid JSON)
-// is stored as jsonb, where the sweeper can read the resource id from it, and
-// replayed semantically equal (jsonb keeps neither whitespace nor key order);
-// any other body is stored and replayed byte for byte.
+// Complete records the response byte for byte in response_raw, whatever
+// its content type: a replay returns exactly what the first request got.
+// (Storing JSON as jsonb would reorder keys, drop whitespace, and reject
+// valid JSON that jsonb cannot hold, such as \u0000, a lone surrogate or
+// 1e1000000, which would leave a request that ran with no completed key.)
+// The resource id was read in Go and travels in its own column, so the
+// sweeper never needs the jsonb response of rows this store writes.
 func (p *Postgres) Complete(ctx context.Context, key string, c idempotency.Completion) error {
-	// The JSON travels as text (and is cast in SQL) so that every statement
-	// execution mode, including exec and simple_protocol, sends it as JSON.
-	var asJSON *string
-	var raw []byte
-	switch {
-	case len(c.Body) == 0:
-	case isJSONType(c.ContentType) && json.Valid(c.Body):
-		s := string(c.Body)
-		asJSON = &s
-	default:
-		raw = c.Body
+	var asJSON *string // kept in the statement for rows other writers store as jsonb
+	raw := c.Body
+	if raw == nil {
+		raw = []byte{}
 	}
 	tag, err := p.pool.Exec(ctx, pgCompleteSQL, key, c.Fingerprint, c.Status, asJSON, raw, c.ContentType, c.ResourceID)
 	if err != nil {
@@ -128,8 +122,4 @@ func (p *Postgres) Release(ctx context.Context, key string, fp []byte) error {
 		return fmt.Errorf("release idempotency key: %w", err)
 	}
 	return nil
-}
-
-func isJSONType(contentType string) bool {
-	return strings.Contains(strings.ToLower(contentType), "json")
 }
