@@ -29,7 +29,9 @@ func passwordRole(t *testing.T, admin *pgxpool.Pool, password string) string {
 	role := "rotation_" + hex.EncodeToString(buf[:])
 	_, err := admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN PASSWORD "+quote(password))
 	require.NoError(t, err, "the database tests need a superuser DATABASE_URL")
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()) })
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize())
+	})
 
 	var path, original string
 	require.NoError(t, admin.QueryRow(ctx, "SELECT setting, pg_read_file(setting) FROM pg_settings WHERE name = 'hba_file'").Scan(&path, &original))
