@@ -14,7 +14,9 @@ package metrics
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 )
@@ -35,6 +37,38 @@ const ArchiveRows = "idempotency_archive_rows"
 
 // DefaultNamespace is the CloudWatch namespace used when none is configured.
 const DefaultNamespace = "IdempotencyArchive"
+
+// MaxNamespaceLen is the longest namespace CloudWatch accepts.
+const MaxNamespaceLen = 255
+
+// ValidateNamespace reports why CloudWatch would not take namespace; an empty
+// one means DefaultNamespace and is valid. CloudWatch drops the metrics of an
+// EMF line whose namespace it rejects without a word, so the check runs at
+// start. The rules are CloudWatch's: 1 to 255 characters of 0-9A-Za-z and
+// . - _ / # : (the set the EMF client libraries enforce too; no spaces), not
+// starting with a colon, and not in the AWS/ namespaces reserved for AWS
+// services.
+func ValidateNamespace(namespace string) error {
+	if namespace == "" {
+		return nil
+	}
+	if len(namespace) > MaxNamespaceLen {
+		return fmt.Errorf("CloudWatch namespace is %d characters long; at most %d", len(namespace), MaxNamespaceLen)
+	}
+	for i, r := range namespace {
+		ok := r >= '0' && r <= '9' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || strings.ContainsRune(".-_/#:", r)
+		if !ok {
+			return fmt.Errorf("CloudWatch namespace %q has %q at byte %d: use only letters, digits and . - _ / # :", namespace, r, i)
+		}
+	}
+	if namespace[0] == ':' {
+		return fmt.Errorf("CloudWatch namespace %q starts with a colon", namespace)
+	}
+	if strings.HasPrefix(namespace, "AWS/") {
+		return fmt.Errorf("CloudWatch namespace %q is in AWS/, reserved for AWS services", namespace)
+	}
+	return nil
+}
 
 // Unit is a CloudWatch metric unit.
 type Unit string

@@ -85,3 +85,34 @@ func TestChecklistHasTheRunbooksSixNames(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateNamespaceFollowsCloudWatchsRules(t *testing.T) {
+	t.Parallel()
+	valid := []string{
+		"", DefaultNamespace, "Idempotency/Archive", "team-a.payments_v2", "App#1:prod", "aws/lowercase-is-not-reserved",
+		strings.Repeat("n", MaxNamespaceLen),
+	}
+	for _, ns := range valid {
+		if err := ValidateNamespace(ns); err != nil {
+			t.Errorf("%q: %v", ns, err)
+		}
+	}
+	invalid := map[string]string{
+		"AWS/Lambda":                           "reserved",
+		"AWS/":                                 "reserved",
+		"Idempotency Archive":                  "' '",
+		"Idempotency\tArchive":                 `'\t'`,
+		"Archive\x00":                          `'\x00'`,
+		"Archivé":                              "'é'",
+		"Archive,prod":                         "','",
+		"Archive*":                             "'*'",
+		":Archive":                             "colon",
+		strings.Repeat("n", MaxNamespaceLen+1): "256 characters",
+	}
+	for ns, want := range invalid {
+		err := ValidateNamespace(ns)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: want an error saying %s, got %v", ns, want, err)
+		}
+	}
+}
