@@ -130,6 +130,16 @@ type Archive interface {
 
 var _ Archive = (*archive.Reader)(nil)
 
+// CompletionArchiver is implemented by a live store that writes a key's
+// archive row when the key completes rather than when it expires
+// (livestore.Redis). Such an archive can hold a key from the moment it
+// completes, so when the live entry is lost (a failover, a restart, an
+// eviction) the archive is the only record of it, however fresh the key's
+// timestamp: the middleware never skips the archive lookup for such a store.
+type CompletionArchiver interface {
+	ArchivesAtCompletion() bool
+}
+
 // OnArchiveError says what to do when the archive cannot be reached.
 type OnArchiveError int
 
@@ -182,6 +192,9 @@ type Middleware struct {
 	cfg  Config
 	rule keytime.SkipRule
 	path []string
+	// alwaysLookup: the store archives at completion (CompletionArchiver),
+	// so the skip rule's premise (a fresh key cannot be archived) is false.
+	alwaysLookup bool
 }
 
 // New validates cfg (after defaults) and returns the middleware.
@@ -204,7 +217,8 @@ func New(cfg Config) (*Middleware, error) {
 	if err := rule.Validate(); err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
 	}
-	return &Middleware{cfg: cfg, rule: rule, path: strings.Split(cfg.ResourceIDPath, ".")}, nil
+	ca, ok := cfg.Store.(CompletionArchiver)
+	return &Middleware{cfg: cfg, rule: rule, path: strings.Split(cfg.ResourceIDPath, "."), alwaysLookup: ok && ca.ArchivesAtCompletion()}, nil
 }
 
 // ScopedKey returns the stored form of a client key (see the package doc).
@@ -327,7 +341,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
-	if m.cfg.Archive != nil && m.rule.NeedsLookup(scoped, m.cfg.Now()) {
+	if m.cfg.Archive != nil && (m.alwaysLookup || m.rule.NeedsLookup(scoped, m.cfg.Now())) {
 		actx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
 		rec, err := m.cfg.Archive.Lookup(actx, scoped, fp)
 		cancel()
@@ -336,6 +350,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.release(ctx, scoped, fp)
 			if rec.FingerprintMatch != nil && !*rec.FingerprintMatch {
 				m.problem(w, r, http.StatusUnprocessableEntity, "idempotency_key_reused", "this key was used, before its window ended, for a different request", nil)
+				return
+			}
+			if m.cfg.Now().Before(rec.ExpiredAt) {
+				// Archived at completion and still inside its window: the
+				// live entry was lost, not expired. Say so.
+				m.responseLost(w, r, rec)
 				return
 			}
 			m.expired(w, r, rec.Status, rec.ResourceID, rec.CreatedAt, rec.ExpiredAt)
@@ -425,15 +445,42 @@ func (m *Middleware) expired(w http.ResponseWriter, r *http.Request, status int,
 	})
 }
 
+// responseLost answers a key the archive holds whose window has not ended:
+// its live entry (and so its response) was lost. The operation is not run
+// again, and the answer does not pretend the key expired.
+func (m *Middleware) responseLost(w http.ResponseWriter, r *http.Request, rec archive.Record) {
+	m.cfg.Logger.WarnContext(r.Context(), "idempotency: live entry lost before its window ended; answered from the archive",
+		"expires_at", rec.ExpiredAt)
+	detail := fmt.Sprintf("this key was first used at %s and its window lasts until %s, but its stored response is no longer available; the original request is not run again",
+		rec.CreatedAt.UTC().Format(time.RFC3339), rec.ExpiredAt.UTC().Format(time.RFC3339))
+	m.problem(w, r, http.StatusConflict, "idempotency_key_response_unavailable", detail, map[string]any{
+		"original_status": rec.Status,
+		"resource_id":     rec.ResourceID,
+		"created_at":      rec.CreatedAt.UTC(),
+		"expires_at":      rec.ExpiredAt.UTC(),
+	})
+}
+
 // release frees the key even when the client has gone away: a key left in
 // flight would block retries for the whole window, then be archived as never
-// completed.
+// completed. It tries three times: an in-flight row left behind after an
+// archive hit would be archived with status 0 beside the real outcome.
 func (m *Middleware) release(ctx context.Context, key string, fp []byte) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := m.cfg.Store.Release(ctx, key, fp); err != nil {
-		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err)
+	var err error
+	for attempt := range 3 {
+		if err = m.cfg.Store.Release(ctx, key, fp); err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
+			continue
+		}
+		break
 	}
+	m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err)
 }
 
 // problem writes an RFC 9457 problem with a stable code and extension members.

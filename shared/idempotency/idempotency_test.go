@@ -325,14 +325,7 @@ func TestSkipRuleSparesTheArchiveForFreshULIDs(t *testing.T) {
 	arch := &failingArchive{}
 	srv := b.middleware(t, idempotency.Config{Archive: arch}).Wrap(&charges{})
 	// A ULID minted now cannot be in the archive: no lookup, so no 503.
-	ms := uint64(time.Now().UnixMilli())
-	const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-	var ulid strings.Builder
-	for i := 9; i >= 0; i-- {
-		ulid.WriteByte(crockford[(ms>>(5*uint(i)))&31])
-	}
-	ulid.WriteString("ABCDEFGHJKMNPQRS")
-	require.Equal(t, 201, post(srv, ulid.String(), `{}`).Code)
+	require.Equal(t, 201, post(srv, freshULID(), `{}`).Code)
 	require.Zero(t, arch.calls.Load())
 	// A key without a timestamp is always looked up.
 	require.Equal(t, 503, post(srv, "plain-key", `{}`).Code)
@@ -585,4 +578,44 @@ func TestTheFingerprintCoversTheQueryString(t *testing.T) {
 	u, _ = url.Parse("/v1/charges")
 	plain := sha256.Sum256([]byte("POST\n/v1/charges\n{}"))
 	require.Equal(t, plain[:], idempotency.Fingerprint("POST", idempotency.RequestTarget(u), []byte(`{}`)), "no query: hashed as before")
+}
+
+// freshULID is a ULID minted now: the skip rule alone would spare it a lookup.
+func freshULID() string {
+	ms := uint64(time.Now().UnixMilli())
+	const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+	var b strings.Builder
+	for i := 9; i >= 0; i-- {
+		b.WriteByte(crockford[(ms>>(5*uint(i)))&31])
+	}
+	return b.String() + "ABCDEFGHJKMNPQRS"
+}
+
+// A Redis hash lost inside its window (failover, restart, eviction): the
+// archive row written at completion is the only record, so the retry is
+// looked up whatever the key's timestamp says, never run again, and told the
+// truth: the window has not ended, the response is gone.
+func TestALostRedisHashIsNeverRunAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
+	for _, key := range []string{freshULID(), "plain-key"} {
+		require.Equal(t, 201, post(srv, key, `{}`).Code)
+		keys, err := b.redis.Keys(context.Background(), "*"+key).Result()
+		require.NoError(t, err)
+		require.Len(t, keys, 1)
+		require.NoError(t, b.redis.Del(context.Background(), keys...).Err())
+
+		retry := post(srv, key, `{}`)
+		require.Equal(t, http.StatusConflict, retry.Code, retry.Body.String())
+		p := problemOf(t, retry)
+		require.Equal(t, "idempotency_key_response_unavailable", p["code"], "the key has not expired")
+		require.EqualValues(t, 201, p["original_status"])
+		require.NotEmpty(t, p["resource_id"])
+		expires, err := time.Parse(time.RFC3339, p["expires_at"].(string))
+		require.NoError(t, err)
+		require.True(t, expires.After(time.Now()))
+	}
+	require.EqualValues(t, 2, h.calls.Load(), "each key ran once")
 }

@@ -34,6 +34,13 @@ type Redis struct {
 
 var _ idempotency.Store = (*Redis)(nil)
 
+var _ idempotency.CompletionArchiver = (*Redis)(nil)
+
+// ArchivesAtCompletion reports true: the archive row exists from completion
+// on, so a lost hash must be looked up in the archive whatever the key's
+// timestamp says.
+func (s *Redis) ArchivesAtCompletion() bool { return true }
+
 // NewRedis returns a store keeping entries under prefix+scoped key in client,
 // and writing archive rows through archivePool (whose role needs INSERT on
 // idempotency_key_archive, as idempotency_sweeper has).
