@@ -41,12 +41,13 @@ type Variable struct {
 // Variables lists every variable FromEnv reads.
 var Variables = []Variable{
 	{"DATABASE_URL", "(required)", "PostgreSQL connection string; add search_path=... to use a schema other than public"},
-	{"DATABASE_SECRET_ARN", "", "Secrets Manager secret with the RDS-generated JSON (username, password, host, port, dbname); refetched every 5 minutes for rotation"},
+	{"DATABASE_SECRET_ARN", "", "Secrets Manager secret with the RDS-generated JSON (username, password, host, port, dbname); refetched every 5 minutes, and at once (at most every 5 seconds) when a new connection is refused its password after a rotation"},
 	{"DATABASE_IAM_AUTH", "false", "mint an RDS IAM auth token for every new connection (RDS Proxy); DATABASE_URL names host, port, user, database"},
-	{"DATABASE_INSECURE_TLS", "false", "allow a non-local host without sslmode=verify-full (test rigs only)"},
-	{"DATABASE_MAX_CONNS", "4", "connection pool size"},
+	{"DATABASE_INSECURE_TLS", "false", "allow a non-local host without sslmode=verify-full (test rigs only); every host of a multi-host DATABASE_URL is checked"},
+	{"DATABASE_SSL_ROOT_CERT", "", "path of a PEM CA bundle (the RDS global-bundle.pem) for direct connections: every connection uses sslmode=verify-full with it as sslrootcert, overriding both in DATABASE_URL"},
+	{"DATABASE_MAX_CONNS", "4 (2 in Lambda)", "connection pool size, 1 to 1000"},
 	{"DATABASE_EXEC_MODE", "cache_statement", "statement execution mode: cache_statement, cache_describe, describe_exec, exec, simple_protocol (exec or simple_protocol behind RDS Proxy)"},
-	{"METRICS_NAMESPACE", metrics.DefaultNamespace, "CloudWatch namespace of the EMF metrics"},
+	{"METRICS_NAMESPACE", metrics.DefaultNamespace, "CloudWatch namespace of the EMF metrics: 1 to 255 of A-Z a-z 0-9 . - _ / # :, not starting with : or AWS/"},
 	{"LIVE_TTL", "24h", "how long the live store keeps a key"},
 	{"MAX_LIVE_TTL", "168h", "longest TTL any writer has used; bounds the partitions an investigation reads"},
 	{"CLOCK_SKEW", "5m", "how far ahead the clocks that mint ULID/UUIDv7 keys may run"},
@@ -73,7 +74,8 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 			SecretARN:   getenv("DATABASE_SECRET_ARN"),
 			IAMAuth:     r.bool("DATABASE_IAM_AUTH"),
 			InsecureTLS: r.bool("DATABASE_INSECURE_TLS"),
-			MaxConns:    int32(r.int("DATABASE_MAX_CONNS")),
+			SSLRootCert: getenv("DATABASE_SSL_ROOT_CERT"),
+			MaxConns:    databaseMaxConns(&r),
 			ExecMode:    getenv("DATABASE_EXEC_MODE"),
 		},
 		MetricsNamespace: getenv("METRICS_NAMESPACE"),
@@ -108,8 +110,16 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 	if r.err != nil {
 		return s, r.err
 	}
+	if p := s.Database.SSLRootCert; p != "" {
+		if err := database.CheckRootCert(p); err != nil {
+			return s, fmt.Errorf("DATABASE_SSL_ROOT_CERT: %w", err)
+		}
+	}
 	if _, err := s.Database.PoolConfig(); err != nil {
 		return s, err
+	}
+	if err := metrics.ValidateNamespace(s.MetricsNamespace); err != nil {
+		return s, fmt.Errorf("METRICS_NAMESPACE: %w", err)
 	}
 	if err := s.Sweep.WithDefaults().Validate(); err != nil {
 		return s, fmt.Errorf("SWEEP_*: %w", err)
@@ -121,6 +131,28 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		return s, fmt.Errorf("LIVE_TTL/CLOCK_SKEW/SKIP_MARGIN: %w", err)
 	}
 	return s, nil
+}
+
+// databaseMaxConns reads DATABASE_MAX_CONNS. Unset is 0, the pool's default.
+// Set, it must be 1 to database.MaxMaxConns: an explicit 0 is refused rather
+// than read as the default (a pool of no connections cannot work), and a
+// value past int32 is refused rather than wrapped.
+func databaseMaxConns(r *reader) int32 {
+	const name = "DATABASE_MAX_CONNS"
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		r.fail(name, errors.New("not a whole number: "+strconv.Quote(v)))
+		return 0
+	}
+	if err != nil || n < 1 || n > database.MaxMaxConns {
+		r.fail(name, fmt.Errorf("want 1 to %d connections, got %s", database.MaxMaxConns, v))
+		return 0
+	}
+	return int32(n)
 }
 
 // partitionVariable names the variable behind a partition.Config error.

@@ -80,6 +80,60 @@ func TestErrorsNameTheVariable(t *testing.T) {
 	}
 }
 
+// testCA is a self-signed CA certificate, for DATABASE_SSL_ROOT_CERT.
+const testCA = `-----BEGIN CERTIFICATE-----
+MIIBjjCCATOgAwIBAgIUPDoSiSGNdoRMnoX24M5SziIy7TowCgYIKoZIzj0EAwIw
+GzEZMBcGA1UEAwwQc2V0dGluZ3MgdGVzdCBDQTAgFw0yNjEyMDIyMTAxMjZaGA8y
+MTI2MTEwODIxMDEyNlowGzEZMBcGA1UEAwwQc2V0dGluZ3MgdGVzdCBDQTBZMBMG
+ByqGSM49AgEGCCqGSM49AwEHA0IABE+kRI12j/a9ONrXnr8psxtiRBqoWng0XaRm
+7hpK3FBcrbjmMzPGFDw7Rz652E54dXUHuTEibC4JYeifLNEOb2OjUzBRMB0GA1Ud
+DgQWBBS0LLCbk8AtZO8/RcFwgaOqyuV4NDAfBgNVHSMEGDAWgBS0LLCbk8AtZO8/
+RcFwgaOqyuV4NDAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0kAMEYCIQDG
+JZWi1r+vE3+MPIr/iD1d0LHs9I45zz755AAvK2MYPQIhALposih4YUqk/E3zbQp+
+081e2DuauMP8H3oxJxFTb24Y
+-----END CERTIFICATE-----
+`
+
+func TestDatabaseMaxConnsAndRootCert(t *testing.T) {
+	ca := t.TempDir() + "/global-bundle.pem"
+	if err := os.WriteFile(ca, []byte(testCA), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for v, want := range map[string]int32{"": 0, "1": 1, " 2 ": 2, "1000": 1000} {
+		s, err := FromEnv(env(map[string]string{
+			"DATABASE_URL": "postgres://u@db.example.com/db", "DATABASE_MAX_CONNS": v, "DATABASE_SSL_ROOT_CERT": ca,
+		}))
+		if err != nil {
+			t.Fatalf("DATABASE_MAX_CONNS=%q: %v", v, err)
+		}
+		if s.Database.MaxConns != want || s.Database.SSLRootCert != ca {
+			t.Errorf("DATABASE_MAX_CONNS=%q: got %+v", v, s.Database)
+		}
+	}
+	// With the bundle, a non-local host passes the TLS rule without
+	// sslmode in the URL; without it, it does not.
+	if _, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@db.example.com/db"})); err == nil {
+		t.Error("a non-local host without verify-full passed")
+	}
+}
+
+func TestDatabaseAndMetricsErrorsNameTheVariable(t *testing.T) {
+	cases := map[string][]string{
+		// 4294967297 used to wrap to 1; 0 used to become the default.
+		"DATABASE_MAX_CONNS":     {"4294967297", "99999999999999999999", "0", "-1", "1001", "many"},
+		"DATABASE_SSL_ROOT_CERT": {"/nonexistent/global-bundle.pem", "settings_test.go"},
+		"METRICS_NAMESPACE":      {"AWS/Lambda", "Idempotency Archive", ":x", strings.Repeat("n", 256), "Archiv\u00e9"},
+	}
+	for name, values := range cases {
+		for _, v := range values {
+			_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", name: v}))
+			if err == nil || !strings.Contains(err.Error(), name+":") {
+				t.Errorf("%s=%q: want an error naming %s, got %v", name, v, name, err)
+			}
+		}
+	}
+}
+
 func TestEveryVariableIsDocumentedInTheREADME(t *testing.T) {
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
