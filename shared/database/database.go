@@ -103,7 +103,7 @@ func (c Config) PoolConfig() (*pgxpool.Config, error) {
 		connString = "host=secret.invalid sslmode=verify-full"
 	}
 	if c.SSLRootCert != "" {
-		if err := checkRootCert(c.SSLRootCert); err != nil {
+		if err := CheckRootCert(c.SSLRootCert); err != nil {
 			return nil, err
 		}
 		var err error
@@ -162,8 +162,9 @@ func everyHostVerified(cc *pgx.ConnConfig) (string, bool) {
 	return "", true
 }
 
-// checkRootCert reports, naming the file, why path is not a usable CA bundle.
-func checkRootCert(path string) error {
+// CheckRootCert reports, naming the file, why path is not a usable CA bundle
+// for Config.SSLRootCert.
+func CheckRootCert(path string) error {
 	pem, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("database CA bundle: %w", err)
