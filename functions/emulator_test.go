@@ -149,7 +149,7 @@ func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
 		_, err = db.Pool.Exec(ctx, "UPDATE idempotency_key_archive SET fingerprint = $1 WHERE scoped_key = 'idem:v1:late'",
 			idempotency.Fingerprint(http.MethodPost, "/v1/charges", []byte(`{}`)))
 		require.NoError(t, err)
-		mw, err := idempotency.New(idempotency.Config{Store: livestore.NewPostgres(db.Pool), Archive: client, ArchiveTimeout: 30 * time.Second})
+		mw, err := idempotency.New(idempotency.Config{Store: livestore.NewPostgres(db.Pool), SingleTenant: true, Archive: client, ArchiveTimeout: 30 * time.Second})
 		require.NoError(t, err)
 		charged := 0
 		srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { charged++ }))

@@ -58,11 +58,14 @@ func run(ctx context.Context, getenv func(string) string) error {
 	}
 	arch := s.Archive.WithDefaults()
 	mw, err := idempotency.New(idempotency.Config{
-		Store:      livestore.NewPostgres(pool),
-		Archive:    reader,
-		LiveTTL:    arch.LiveTTL,
-		ClockSkew:  arch.ClockSkew,
-		SkipMargin: arch.SkipMargin,
+		Store: livestore.NewPostgres(pool),
+		// The demo has no authentication, and the runbook's verification
+		// expects the probe key unscoped (idem:v1:probe): one key space.
+		SingleTenant: true,
+		Archive:      reader,
+		LiveTTL:      arch.LiveTTL,
+		ClockSkew:    arch.ClockSkew,
+		SkipMargin:   arch.SkipMargin,
 		// The same path the sweeper falls back to for rows without one.
 		ResourceIDPath: s.Sweep.WithDefaults().ResourceIDPath,
 		Required:       true,

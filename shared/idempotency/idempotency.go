@@ -8,6 +8,8 @@
 //		Store:   livestore.NewPostgres(pool),
 //		Archive: archiveReader,              // *archive.Reader, or archiveclient.Lambda
 //		LiveTTL: 24 * time.Hour,
+//		// Scope keys to the authenticated caller (set by your auth middleware).
+//		Tenant: func(r *http.Request) string { return auth.AccountID(r.Context()) },
 //	})
 //	http.Handle("POST /v1/charges", mw.Wrap(chargesHandler))
 //
@@ -15,11 +17,12 @@
 //
 // The key comes from the Idempotency-Key header: 1 to 255 bytes of printable
 // text (no control characters). A missing key is a 400 when Config.Required.
-// The scoped key stored and archived is "idem:v1:" + key for a single-tenant
-// service, or "idem:v1t:" + escaped tenant + ":" + key when Config.Tenant names
-// the caller's tenant; the tenant is percent-encoded so that it never contains
-// ':' and two tenants' keys can never collide. With the default configuration
-// the header "Idempotency-Key: probe" is the scoped key "idem:v1:probe".
+// The scoped key stored and archived is "idem:v1t:" + escaped tenant + ":" +
+// key, where Config.Tenant names the authenticated caller's tenant, or
+// "idem:v1:" + key for a service configured with Config.SingleTenant; the
+// tenant is percent-encoded so that it never contains ':' and two tenants'
+// keys can never collide. With SingleTenant the header "Idempotency-Key:
+// probe" is the scoped key "idem:v1:probe".
 //
 // # Fingerprint
 //
@@ -165,8 +168,18 @@ type Config struct {
 	// Required makes a request without a key a 400. Default false: such a
 	// request passes through untouched.
 	Required bool
-	// Tenant returns the caller's tenant, or "" for none. Nil: single-tenant.
+	// Tenant returns the authenticated caller's tenant (an account id from
+	// the verified credentials, never a header the client chooses freely).
+	// Keys are scoped to it, so one caller can never replay, block or learn
+	// another's response by sending its key and body. A request for which it
+	// returns "" is a 401 idempotency_tenant_missing. Required unless
+	// SingleTenant.
 	Tenant func(*http.Request) string
+	// SingleTenant scopes every key to the one service ("idem:v1:" + key):
+	// all callers share one key space. Choose it only when every caller is
+	// the same client or callers trust each other. Exactly one of Tenant and
+	// SingleTenant must be set.
+	SingleTenant bool
 	// OnArchiveError: FailClosed (default) or FailOpen.
 	OnArchiveError OnArchiveError
 	// ArchiveTimeout bounds one archive lookup. Default 2s.
@@ -201,6 +214,9 @@ type Middleware struct {
 func New(cfg Config) (*Middleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("idempotency: a live store is required")
+	}
+	if (cfg.Tenant == nil) == !cfg.SingleTenant {
+		return nil, errors.New("idempotency: set Config.Tenant to scope keys to the authenticated caller, or Config.SingleTenant when every caller shares one key space (exactly one of them)")
 	}
 	cfg.LiveTTL = cmp.Or(cfg.LiveTTL, 24*time.Hour)
 	cfg.ArchiveTimeout = cmp.Or(cfg.ArchiveTimeout, 2*time.Second)
@@ -315,7 +331,10 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		tenant := ""
 		if m.cfg.Tenant != nil {
-			tenant = m.cfg.Tenant(r)
+			if tenant = m.cfg.Tenant(r); tenant == "" {
+				m.problem(w, r, http.StatusUnauthorized, "idempotency_tenant_missing", "this request has no authenticated caller to scope its Idempotency-Key to", nil)
+				return
+			}
 		}
 		scoped := ScopedKey(tenant, key)
 		if len(scoped) > archive.MaxScopedKeyBytes {

@@ -93,6 +93,7 @@ func setup(t *testing.T, kind storeKind) bundle {
 func (b bundle) middleware(t *testing.T, cfg idempotency.Config) *idempotency.Middleware {
 	t.Helper()
 	cfg.Store = b.store
+	cfg.SingleTenant = cfg.Tenant == nil
 	if cfg.Archive == nil {
 		cfg.Archive = b.reader
 	}
@@ -430,7 +431,7 @@ func TestPostgresStoreInEveryExecModeReplaysBodiesExactly(t *testing.T) {
 			pool, err := database.Open(context.Background(), database.Config{URL: b.db.URL, ExecMode: mode}, nil)
 			require.NoError(t, err)
 			defer pool.Close()
-			mw, err := idempotency.New(idempotency.Config{Store: livestore.NewPostgres(pool)})
+			mw, err := idempotency.New(idempotency.Config{Store: livestore.NewPostgres(pool), SingleTenant: true})
 			require.NoError(t, err)
 			for i, tc := range []struct{ ct, body string }{
 				{"application/json", `{"id":"ch_1","nested":{"a":[1,2]}}`},
@@ -508,7 +509,7 @@ func TestRedisKeepsAKeyItCouldNotArchive(t *testing.T) {
 	client, prefix := testenv.Redis(t)
 	// A pool whose role may not insert into the archive.
 	noInsert := b.db.NewPool(t, dbtest.AsRole(schema.ReaderRole))
-	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, noInsert, prefix), Archive: b.reader, LiveTTL: time.Hour})
+	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, noInsert, prefix), SingleTenant: true, Archive: b.reader, LiveTTL: time.Hour})
 	require.NoError(t, err)
 	h := &charges{}
 	srv := mw.Wrap(h)
@@ -618,4 +619,37 @@ func TestALostRedisHashIsNeverRunAgain(t *testing.T) {
 		require.True(t, expires.After(time.Now()))
 	}
 	require.EqualValues(t, 2, h.calls.Load(), "each key ran once")
+}
+
+func TestTheTenantChoiceIsExplicit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	_, err := idempotency.New(idempotency.Config{Store: b.store})
+	require.ErrorContains(t, err, "SingleTenant", "no tenant function and no single-tenant choice must be refused")
+	_, err = idempotency.New(idempotency.Config{Store: b.store, SingleTenant: true, Tenant: func(*http.Request) string { return "a" }})
+	require.Error(t, err, "both at once is ambiguous")
+
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{Tenant: func(r *http.Request) string { return r.Header.Get("X-Account") }}).Wrap(h)
+	send := func(account, key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":1}`))
+		r.Header.Set(idempotency.HeaderKey, key)
+		if account != "" {
+			r.Header.Set("X-Account", account)
+		}
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, r)
+		return w
+	}
+	first := send("acct_1", "k1")
+	require.Equal(t, 201, first.Code)
+	// Another caller with the same key and body never sees the first response.
+	other := send("acct_2", "k1")
+	require.Equal(t, 201, other.Code)
+	require.Empty(t, other.Header().Get(idempotency.HeaderReplayed))
+	require.NotEqual(t, first.Body.String(), other.Body.String())
+	noCaller := send("", "k1")
+	require.Equal(t, http.StatusUnauthorized, noCaller.Code)
+	require.Equal(t, "idempotency_tenant_missing", problemOf(t, noCaller)["code"])
+	require.EqualValues(t, 2, h.calls.Load())
 }
