@@ -371,9 +371,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				m.problem(w, r, http.StatusUnprocessableEntity, "idempotency_key_reused", "this key was used, before its window ended, for a different request", nil)
 				return
 			}
-			if m.cfg.Now().Before(rec.ExpiredAt) {
+			if m.alwaysLookup && m.cfg.Now().Before(rec.ExpiredAt) {
 				// Archived at completion and still inside its window: the
-				// live entry was lost, not expired. Say so.
+				// live entry was lost, not expired. Say so. (A swept row's
+				// expiry is past by the database clock; the app clock may
+				// lag, so only completion-archiving stores take this path.)
 				m.responseLost(w, r, rec)
 				return
 			}
@@ -482,24 +484,16 @@ func (m *Middleware) responseLost(w http.ResponseWriter, r *http.Request, rec ar
 
 // release frees the key even when the client has gone away: a key left in
 // flight would block retries for the whole window, then be archived as never
-// completed. It tries three times: an in-flight row left behind after an
-// archive hit would be archived with status 0 beside the real outcome.
+// completed (the archive lookup prefers a completed row over it). It makes one
+// attempt: Release matches key, fingerprint and state only, so a retry after
+// a release whose reply was lost could free a duplicate request's new
+// registration and let the handler run twice.
 func (m *Middleware) release(ctx context.Context, key string, fp []byte) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	var err error
-	for attempt := range 3 {
-		if err = m.cfg.Store.Release(ctx, key, fp); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
-			continue
-		}
-		break
+	if err := m.cfg.Store.Release(ctx, key, fp); err != nil {
+		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err)
 	}
-	m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err)
 }
 
 // problem writes an RFC 9457 problem with a stable code and extension members.

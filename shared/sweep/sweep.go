@@ -253,12 +253,16 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		var missing *MissingPartitionError
 		if errors.As(err, &missing) {
 			created, cerr := s.createPartitions(ctx, missing)
-			if errors.Is(cerr, errPartitionRaced) && raced < maxPartitionRaces {
-				// Another sweeper or a partition run created the month
-				// between our failed batch and our look: the batch can now
-				// succeed, so run it again.
-				raced++
-				continue
+			if errors.Is(cerr, errPartitionRaced) {
+				if raced < maxPartitionRaces {
+					// Another sweeper or a partition run created the month
+					// between our failed batch and our look: the batch can
+					// now succeed, so run it again.
+					raced++
+					continue
+				}
+				missing.Err = errors.New("the partitions exist but the batch keeps finding none")
+				cerr = missing
 			}
 			if cerr != nil {
 				return res, fmt.Errorf("sweep batch %d: %w", res.Batches+1, cerr)
