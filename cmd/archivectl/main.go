@@ -249,6 +249,10 @@ func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 		defer p.done()
 	}
 	if s, err = sweep.New(pool, cfg, parts, e.metrics); err != nil {
+		var ce *sweep.ConfigError
+		if errors.As(err, &ce) && ce.Field == "BatchSize" {
+			return fmt.Errorf("--batch: %w", err)
+		}
 		return err
 	}
 	res, err := s.Run(ctx)

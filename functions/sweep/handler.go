@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,6 +26,11 @@ type options struct {
 // Handle runs sweep batches until drained or until the remaining invocation
 // time falls under the deadline margin, then returns the run's summary. Each
 // batch is its own transaction, so a timeout never leaves a half-moved batch.
+//
+// An invocation that could not start a single batch while expired rows wait
+// (a function timeout at or under SWEEP_DEADLINE_MARGIN) returns an error, so
+// Lambda counts it in the function's Errors and the alarms see it, and logs a
+// line that names the settings to change.
 func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Result, error) {
 	log := h.env.RequestLogger(ctx)
 	cfg := h.env.Settings.Sweep
@@ -59,6 +65,14 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		return sweep.Result{}, err
 	}
 	res, err := s.Run(ctx)
+	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) {
+		fix := fmt.Sprintf("raise the function's timeout well above SWEEP_DEADLINE_MARGIN (%s), for example to 5 minutes, "+
+			"or lower SWEEP_DEADLINE_MARGIN (default SWEEP_STATEMENT_TIMEOUT + 5s) below the timeout", noBatch.Margin)
+		log.ErrorContext(ctx, "sweep started no batch: the invocation's remaining time is under SWEEP_DEADLINE_MARGIN while expired rows wait; "+fix,
+			"remaining_ms", noBatch.Remaining.Milliseconds(), "sweep_deadline_margin_ms", noBatch.Margin.Milliseconds(),
+			"backlog", res.Backlog, "stopped", res.Stopped)
+		return res, fmt.Errorf("%w: %s", err, fix)
+	}
 	if err != nil {
 		log.ErrorContext(ctx, "sweep failed", "error", err, "moved", res.Moved, "batches", res.Batches, "backlog", res.Backlog)
 		return res, err

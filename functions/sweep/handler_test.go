@@ -72,13 +72,24 @@ func TestStopsBeforeTheInvocationDeadline(t *testing.T) {
 	// Less time left than the deadline margin (35s by default): no batch starts.
 	ctx, cancel := context.WithTimeout(testenv.Invocation("req-5"), 20*time.Second)
 	defer cancel()
+	// With 3 expired rows waiting, that is an error Lambda counts, and it
+	// names the setting to change.
+	_, err := h.Invoke(ctx, testenv.Event(t, "sweep-schedule.json"))
+	require.ErrorContains(t, err, "sweep started no batch")
+	require.ErrorContains(t, err, "3 expired rows wait")
+	require.ErrorContains(t, err, "SWEEP_DEADLINE_MARGIN")
+
+	// With nothing expired the same stop is a success.
+	_, h, _ = setup(t, 0)
+	ctx, cancel = context.WithTimeout(testenv.Invocation("req-6"), 20*time.Second)
+	defer cancel()
 	out, err := h.Invoke(ctx, testenv.Event(t, "sweep-schedule.json"))
 	require.NoError(t, err)
 	var s summary
 	require.NoError(t, json.Unmarshal(out, &s))
 	require.Equal(t, "deadline", s.Stopped)
 	require.Zero(t, s.Batches)
-	require.Equal(t, int64(3), s.Backlog)
+	require.Zero(t, s.Backlog)
 }
 
 func TestBadOptionsAreClearErrors(t *testing.T) {

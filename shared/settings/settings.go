@@ -54,8 +54,8 @@ var Variables = []Variable{
 	{"SKIP_MARGIN", "2 x CLOCK_SKEW", "margin of the archive skip rule; at least CLOCK_SKEW, below LIVE_TTL"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
 	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%); 0 means no pause"},
-	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch"},
-	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch"},
+	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch; whole milliseconds, 1ms to 15m"},
+	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 1ms to 15m"},
 	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s", "no batch starts when the invocation deadline is closer than this"},
 	{"SWEEP_RESOURCE_ID_PATH", "id", "dotted JSON path of the resource id in the stored response"},
 	{"SWEEP_MISSING_PARTITION", "create", "create: make a missing month's partition and retry; fail: stop with an error naming the month"},
@@ -122,7 +122,7 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		return s, fmt.Errorf("METRICS_NAMESPACE: %w", err)
 	}
 	if err := s.Sweep.WithDefaults().Validate(); err != nil {
-		return s, fmt.Errorf("SWEEP_*: %w", err)
+		return s, fmt.Errorf("%s: %w", sweepVariable(err), err)
 	}
 	if err := s.Partitions.WithDefaults().Validate(); err != nil {
 		return s, fmt.Errorf("%s: %w", partitionVariable(err), err)
@@ -153,6 +153,26 @@ func databaseMaxConns(r *reader) int32 {
 		return 0
 	}
 	return int32(n)
+}
+
+// sweepVariable names the variable behind a sweep.Config error.
+func sweepVariable(err error) string {
+	var ce *sweep.ConfigError
+	if errors.As(err, &ce) {
+		switch ce.Field {
+		case "BatchSize":
+			return "SWEEP_BATCH_SIZE"
+		case "LockTimeout":
+			return "SWEEP_LOCK_TIMEOUT"
+		case "StatementTimeout":
+			return "SWEEP_STATEMENT_TIMEOUT"
+		case "DeadlineMargin":
+			return "SWEEP_DEADLINE_MARGIN"
+		case "ResourceIDPath":
+			return "SWEEP_RESOURCE_ID_PATH"
+		}
+	}
+	return "SWEEP_*"
 }
 
 // partitionVariable names the variable behind a partition.Config error.

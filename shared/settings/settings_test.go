@@ -169,4 +169,16 @@ func TestPartitionRetentionIsBounded(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "PARTITION_LOCK_TIMEOUT") {
 		t.Errorf("PARTITION_LOCK_TIMEOUT=900us: %v", err)
 	}
+	// Sweep timeouts PostgreSQL would read as "no timeout" or shorten, and
+	// values no Lambda invocation can honour, are refused naming the variable.
+	for name, value := range map[string]string{
+		"SWEEP_LOCK_TIMEOUT":      "900us",
+		"SWEEP_STATEMENT_TIMEOUT": "1500us",
+		"SWEEP_DEADLINE_MARGIN":   "15m",
+	} {
+		_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", name: value}))
+		if err == nil || !strings.HasPrefix(err.Error(), name+": ") {
+			t.Errorf("%s=%s: got %v, want an error naming %s", name, value, err, name)
+		}
+	}
 }

@@ -10,6 +10,13 @@
 // short (drained), when MaxDuration has passed, or when the context deadline
 // is closer than DeadlineMargin, reporting how far it got.
 //
+// Failures are loud. A run whose deadline leaves no room for a single batch
+// while expired rows wait (a Lambda timeout at or under DeadlineMargin) is a
+// *DeadlineError, not a quiet success that lets the backlog grow. Settings
+// that cannot work are refused by Validate before any run: a timeout that
+// PostgreSQL would read as "no timeout" or round, and a statement timeout,
+// lock timeout or deadline margin that does not fit in a Lambda invocation.
+//
 // What an archive row records: the status code of a completed key, or 0 for a
 // key that expired while still in flight (its request never completed); and the
 // resource id read from the stored response at ResourceIDPath, NULL when it is
@@ -27,6 +34,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,6 +68,11 @@ const (
 	MaxBatchSize = 50_000
 )
 
+// MaxInvocation is the longest a Lambda invocation can run (15 minutes): the
+// bound on every timeout and on the deadline margin, so that no setting the
+// sweeper accepts is one a Lambda function can never honour.
+const MaxInvocation = 15 * time.Minute
+
 // Config configures a Sweeper.
 type Config struct {
 	// BatchSize is the most rows one batch moves. Default 10,000; 1 to 50,000.
@@ -69,12 +82,16 @@ type Config struct {
 	// sweep asked to run flat out does. DefaultPause (200ms) is what the
 	// SWEEP_PAUSE variable and the --pause flag default to.
 	Pause time.Duration
-	// LockTimeout bounds each wait for a lock inside a batch. Default 2s.
+	// LockTimeout bounds each wait for a lock inside a batch (lock_timeout).
+	// Default 2s; a whole number of milliseconds from 1ms to MaxInvocation.
 	LockTimeout time.Duration
-	// StatementTimeout bounds each batch statement. Default 30s.
+	// StatementTimeout bounds each batch statement (statement_timeout).
+	// Default 30s; a whole number of milliseconds from 1ms to MaxInvocation.
 	StatementTimeout time.Duration
 	// DeadlineMargin: no batch starts when the context deadline is closer than
-	// this. Default StatementTimeout + 5s, so a batch always has time to finish.
+	// this. Default StatementTimeout + 5s, so a batch always has time to
+	// finish; less than MaxInvocation. A run that starts no batch for it while
+	// a backlog waits fails with a *DeadlineError.
 	DeadlineMargin time.Duration
 	// MaxDuration: no batch after the first starts once this much time has
 	// passed. 0 (default) means no limit.
@@ -103,20 +120,61 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports a configuration the sweeper cannot run with.
+// ConfigError is a Config.Validate error about one field, so that a caller can
+// name the field its own way (an environment variable, a flag, a payload key).
+type ConfigError struct {
+	// Field is the Config field: BatchSize, LockTimeout, StatementTimeout,
+	// DeadlineMargin, MaxDuration, BacklogCap or ResourceIDPath.
+	Field string
+	Msg   string
+}
+
+func (e *ConfigError) Error() string { return e.Msg }
+
+// Validate reports a configuration the sweeper cannot run with. Its errors
+// are *ConfigError.
 func (c Config) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if c.BatchSize < MinBatchSize || c.BatchSize > MaxBatchSize {
+		return bad("BatchSize", "sweep batch size must be between %d and %d, got %d", MinBatchSize, MaxBatchSize, c.BatchSize)
+	}
+	for _, t := range []struct {
+		field, name string
+		d           time.Duration
+	}{
+		{"LockTimeout", "lock timeout", c.LockTimeout},
+		{"StatementTimeout", "statement timeout", c.StatementTimeout},
+	} {
+		// PostgreSQL reads lock_timeout and statement_timeout in whole
+		// milliseconds, and 0 as "no timeout": 900µs would disable the bound
+		// and 1500µs would shorten it. Both are refused rather than rounded,
+		// so the timeout in force is exactly the one configured.
+		switch {
+		case t.d < time.Millisecond:
+			return bad(t.field, "sweep %s must be at least 1ms, got %s (PostgreSQL counts whole milliseconds, and 0 would mean no timeout at all)", t.name, t.d)
+		case t.d%time.Millisecond != 0:
+			return bad(t.field, "sweep %s must be a whole number of milliseconds, got %s (PostgreSQL counts whole milliseconds): use %s or %s",
+				t.name, t.d, t.d.Truncate(time.Millisecond), t.d.Truncate(time.Millisecond)+time.Millisecond)
+		case t.d > MaxInvocation:
+			return bad(t.field, "sweep %s must be at most %s, the longest a Lambda invocation runs, got %s", t.name, MaxInvocation, t.d)
+		}
+	}
 	switch {
-	case c.BatchSize < MinBatchSize || c.BatchSize > MaxBatchSize:
-		return fmt.Errorf("sweep batch size must be between %d and %d, got %d", MinBatchSize, MaxBatchSize, c.BatchSize)
-	case c.LockTimeout <= 0 || c.StatementTimeout <= 0:
-		return errors.New("sweep lock and statement timeouts must be positive")
-	case c.DeadlineMargin < 0 || c.MaxDuration < 0:
-		return errors.New("sweep deadline margin and max duration must not be negative")
+	case c.DeadlineMargin < 0:
+		return bad("DeadlineMargin", "sweep deadline margin must not be negative, got %s", c.DeadlineMargin)
+	case c.DeadlineMargin >= MaxInvocation:
+		// No invocation ever has MaxInvocation left, so no batch could start.
+		return bad("DeadlineMargin", "sweep deadline margin must be less than %s, the longest a Lambda invocation runs, or no batch could ever start; got %s (the default is the statement timeout + 5s)",
+			MaxInvocation, c.DeadlineMargin)
+	case c.MaxDuration < 0:
+		return bad("MaxDuration", "sweep max duration must not be negative, got %s", c.MaxDuration)
 	case c.BacklogCap < 1:
-		return errors.New("sweep backlog cap must be positive")
+		return bad("BacklogCap", "sweep backlog cap must be positive, got %d", c.BacklogCap)
 	}
 	if slices.Contains(strings.Split(c.ResourceIDPath, "."), "") {
-		return fmt.Errorf("resource id path %q has an empty segment", c.ResourceIDPath)
+		return bad("ResourceIDPath", "resource id path %q has an empty segment", c.ResourceIDPath)
 	}
 	return nil
 }
@@ -178,6 +236,34 @@ func (e *MissingPartitionError) Error() string {
 
 func (e *MissingPartitionError) Unwrap() error { return e.Err }
 
+// DeadlineError reports a run that started no batch because its deadline was
+// already closer than Config.DeadlineMargin, while expired rows waited (or
+// could not be counted). Every such run leaves the backlog to grow, so it is
+// an error, not a success that moved nothing: the deadline is too short for
+// the margin (a Lambda timeout at or under it) or the margin too long. A run
+// that finds no backlog, or that did at least one batch, is no DeadlineError.
+type DeadlineError struct {
+	// Remaining is the time that was left before the deadline when the run
+	// stopped.
+	Remaining time.Duration
+	// Margin is the deadline margin in force (Config.DeadlineMargin after
+	// defaults).
+	Margin time.Duration
+	// Backlog is the number of expired live rows after the run, capped at
+	// Config.BacklogCap; -1 when it could not be counted.
+	Backlog int64
+}
+
+func (e *DeadlineError) Error() string {
+	waiting := fmt.Sprintf("%d expired rows wait", e.Backlog)
+	if e.Backlog < 0 {
+		waiting = "the expired backlog could not be counted"
+	}
+	return fmt.Sprintf("sweep started no batch: %s was left before the deadline, under the deadline margin of %s, and %s "+
+		"(every such run lets the backlog grow: give the run more time than the margin, or lower the margin)",
+		e.Remaining.Round(time.Millisecond), e.Margin, waiting)
+}
+
 // errPartitionRaced means the partitions a failed batch needed exist by the
 // time the sweeper looked: another sweeper or a partition run created them.
 // The batch is retried, at most maxPartitionRaces times in a row, so a
@@ -222,11 +308,14 @@ func New(pool *pgxpool.Pool, cfg Config, partitions PartitionEnsurer, emitter *m
 
 // Run sweeps until drained or stopped, then counts the remaining backlog and
 // emits idempotency_archived_total and idempotency_expired_backlog. On error
-// the Result still says how far the run got.
+// the Result still says how far the run got. A run that the deadline margin
+// kept from starting a single batch while a backlog waits fails with a
+// *DeadlineError.
 func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	start := time.Now()
 	res.PartitionsCreated = []string{}
 	res.Backlog = -1
+	var noBatch *DeadlineError // set when the deadline stopped the run before any batch
 	defer func() {
 		res.DurationMS = time.Since(start).Milliseconds()
 		// Count the backlog even when the run was cut short: it is the figure
@@ -235,6 +324,10 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		defer cancel()
 		if n, berr := s.Backlog(bctx); berr == nil {
 			res.Backlog = n
+		}
+		if noBatch != nil && err == nil && res.Backlog != 0 {
+			noBatch.Backlog = res.Backlog
+			err = noBatch
 		}
 		values := []metrics.Value{metrics.Count(metrics.ArchivedTotal, res.Moved)}
 		if res.Backlog >= 0 {
@@ -247,6 +340,10 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	for {
 		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
 			res.Stopped = stop
+			if stop == StoppedDeadline && res.Batches == 0 {
+				deadline, _ := ctx.Deadline()
+				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin}
+			}
 			return res, nil
 		}
 		b, err := s.batch(ctx)
@@ -318,10 +415,13 @@ func (s *Sweeper) batch(ctx context.Context) (batchResult, error) {
 	var b batchResult
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout+5*time.Second)
 	defer cancel()
-	settings := database.Timeouts(s.cfg.LockTimeout, s.cfg.StatementTimeout)
-	// Plan with the real batch size every time: a generic plan guesses the
-	// LIMIT and may pick a sequential scan of the live table.
-	settings["plan_cache_mode"] = "force_custom_plan"
+	settings := map[string]string{
+		"lock_timeout":      pgMillis(s.cfg.LockTimeout),
+		"statement_timeout": pgMillis(s.cfg.StatementTimeout),
+		// Plan with the real batch size every time: a generic plan guesses
+		// the LIMIT and may pick a sequential scan of the live table.
+		"plan_cache_mode": "force_custom_plan",
+	}
 	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error {
 		return database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {
 			return tx.QueryRow(ctx, batchSQL, s.cfg.BatchSize, s.path).Scan(&b.selected, &b.archived, &b.removed)
@@ -405,6 +505,19 @@ func (s *Sweeper) Backlog(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("count expired backlog: %w", err)
 	}
 	return n, nil
+}
+
+// pgMillis renders a timeout for set_config in PostgreSQL's whole
+// milliseconds, rounding a fraction UP: a positive timeout never becomes "0ms"
+// (which PostgreSQL reads as no timeout) and is never shortened. Validate
+// already refuses values that would need rounding; rounding up here keeps the
+// guarantee even for a value that never went through it.
+func pgMillis(d time.Duration) string {
+	ms := d.Milliseconds()
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return strconv.FormatInt(ms, 10) + "ms"
 }
 
 func jitter(d time.Duration) time.Duration {

@@ -269,8 +269,14 @@ func TestStopsBeforeTheDeadlineAndAfterMaxDuration(t *testing.T) {
 	// A deadline closer than the margin: no batch starts.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	// While expired rows wait, that is a *DeadlineError, not a quiet success.
 	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 5, DeadlineMargin: 3 * time.Second}, nil, nil).Run(ctx)
-	require.NoError(t, err)
+	var noBatch *sweep.DeadlineError
+	require.ErrorAs(t, err, &noBatch)
+	require.Equal(t, 3*time.Second, noBatch.Margin)
+	require.EqualValues(t, 30, noBatch.Backlog)
+	require.Less(t, noBatch.Remaining, 3*time.Second)
+	require.ErrorContains(t, err, "sweep started no batch")
 	require.Equal(t, sweep.StoppedDeadline, res.Stopped)
 	require.Zero(t, res.Batches)
 	require.EqualValues(t, 30, res.Backlog)
@@ -283,6 +289,16 @@ func TestStopsBeforeTheDeadlineAndAfterMaxDuration(t *testing.T) {
 	require.Positive(t, res.Batches)
 	require.Equal(t, int64(res.Batches*5), res.Moved)
 	require.Equal(t, 30-res.Moved, res.Backlog)
+
+	// With nothing expired, a deadline stop before the first batch is success:
+	// there was no work to miss.
+	empty := setup(t)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel2()
+	res, err = newSweeper(t, empty.sweeper, sweep.Config{BatchSize: 5, DeadlineMargin: 3 * time.Second}, nil, nil).Run(ctx2)
+	require.NoError(t, err)
+	require.Equal(t, sweep.StoppedDeadline, res.Stopped)
+	require.Zero(t, res.Backlog)
 }
 
 func TestConfigValidation(t *testing.T) {
@@ -296,6 +312,28 @@ func TestConfigValidation(t *testing.T) {
 		_, err := sweep.New(nil, cfg, nil, nil)
 		require.Error(t, err, "%+v", cfg)
 	}
+	// Timeouts PostgreSQL would read as "no timeout" or shorten, and settings
+	// no Lambda invocation can honour, are refused naming the field.
+	for _, c := range []struct {
+		cfg   sweep.Config
+		field string
+	}{
+		{sweep.Config{LockTimeout: 900 * time.Microsecond}, "LockTimeout"},
+		{sweep.Config{LockTimeout: 1500 * time.Microsecond}, "LockTimeout"},
+		{sweep.Config{StatementTimeout: time.Nanosecond}, "StatementTimeout"},
+		{sweep.Config{StatementTimeout: 16 * time.Minute}, "StatementTimeout"},
+		{sweep.Config{LockTimeout: sweep.MaxInvocation + time.Millisecond}, "LockTimeout"},
+		{sweep.Config{DeadlineMargin: sweep.MaxInvocation}, "DeadlineMargin"},
+	} {
+		_, err := sweep.New(nil, c.cfg, nil, nil)
+		var cerr *sweep.ConfigError
+		require.ErrorAs(t, err, &cerr, "%+v", c.cfg)
+		require.Equal(t, c.field, cerr.Field, "%+v", c.cfg)
+	}
+	// The bounds themselves are accepted.
+	_, err := sweep.New(nil, sweep.Config{LockTimeout: time.Millisecond, StatementTimeout: sweep.MaxInvocation,
+		DeadlineMargin: sweep.MaxInvocation - time.Millisecond}, nil, nil)
+	require.NoError(t, err)
 }
 
 // Four sweepers run while live traffic registers keys that expire quickly
