@@ -157,6 +157,8 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 		{"lookup without key", nil, []string{"lookup"}, "want 1 argument(s), got 0"},
 		{"lookup bad fingerprint", nil, []string{"lookup", "k", "--fingerprint", "zz"}, "--fingerprint is not hex"},
 		{"lookup empty key", nil, []string{"lookup", ""}, "invalid key: empty"},
+		{"lookup NUL key", nil, []string{"lookup", "idem:v1:a\x00b"}, "invalid key"},
+		{"query NUL scope prefix", nil, []string{"query", "--scope-prefix", "idem:\x00", "--created-from", "2026-01-01T00:00:00Z", "--created-to", "2026-02-01T00:00:00Z"}, "invalid query"},
 		{"query bad time", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "yesterday", "--created-to", "2026-01-01T00:00:00Z"}, "--created-from is not an RFC 3339 time"},
 		{"query reversed window", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "2026-02-01T00:00:00Z", "--created-to", "2026-01-01T00:00:00Z"}, "created_from must be before created_to"},
 		{"query bad cursor", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "2026-01-01T00:00:00Z", "--created-to", "2026-02-01T00:00:00Z", "--cursor", "%%%"}, "invalid cursor"},

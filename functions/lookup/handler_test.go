@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net/url"
 	"strings"
@@ -142,6 +143,7 @@ func TestBadInputIsA4xxProblem(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	long := strings.Repeat("k", 600)
+	nulCursor := base64.RawURLEncoding.EncodeToString([]byte(`{"k":"a\u0000b","e":"2026-01-01T00:00:00Z"}`))
 	window := map[string]string{"scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2026-02-01T00:00:00Z"}
 	with := func(k, v string) map[string]string {
 		m := map[string]string{}
@@ -171,6 +173,11 @@ func TestBadInputIsA4xxProblem(t *testing.T) {
 		{"bad limit", v2("GET", "/v1/archive/keys", with("limit", "-5")), 400, "bad_request"},
 		{"limit too large", v2("GET", "/v1/archive/keys", with("limit", "100000")), 400, "invalid_query"},
 		{"bad cursor", v2("GET", "/v1/archive/keys", with("cursor", "not-a-cursor")), 400, "invalid_cursor"},
+		// Text PostgreSQL cannot hold (a NUL byte) is a 400 in every shape.
+		{"NUL in an HTTP API key", v2("GET", "/v1/archive/keys/idem:v1:a\x00b", nil), 400, "invalid_key"},
+		{"NUL in a REST key", v1("GET", "/v1/archive/keys/idem:v1:a%00b", nil), 400, "invalid_key"},
+		{"NUL in a scope prefix", v2("GET", "/v1/archive/keys", with("scope_prefix", "idem:\x00")), 400, "invalid_query"},
+		{"NUL in a cursor", v2("GET", "/v1/archive/keys", with("cursor", nulCursor)), 400, "invalid_cursor"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,6 +210,9 @@ func TestBadInputIsA4xxProblem(t *testing.T) {
 		{"unknown action", `{"action": "delete"}`, 400, "bad_request"},
 		{"not found", `{"scoped_key": "idem:v1:never"}`, 404, "key_not_found"},
 		{"bad query time", `{"action": "query", "scope_prefix": "idem:", "created_from": "x", "created_to": "y"}`, 400, "bad_request"},
+		{"NUL in a key", `{"scoped_key": "idem:v1:a\u0000b"}`, 400, "invalid_key"},
+		{"NUL in a scope prefix", `{"action": "query", "scope_prefix": "idem:\u0000", "created_from": "2026-01-01T00:00:00Z", "created_to": "2026-02-01T00:00:00Z"}`, 400, "invalid_query"},
+		{"NUL in a cursor", `{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2026-02-01T00:00:00Z", "cursor": "` + nulCursor + `"}`, 400, "invalid_cursor"},
 	}
 	for _, tc := range direct {
 		t.Run("direct "+tc.name, func(t *testing.T) {

@@ -175,6 +175,7 @@ func TestKeyValidation(t *testing.T) {
 	for name, key := range map[string]string{
 		"too long":     strings.Repeat("k", 256),
 		"control char": "abc\x01def",
+		"NUL":          "abc\x00def",
 		"tab":          "abc\tdef",
 	} {
 		w := post(required, key, `{}`)
@@ -366,7 +367,11 @@ func TestTenantsNeverCollide(t *testing.T) {
 	require.Equal(t, 201, send("acme"))
 	require.Equal(t, 201, send("acme:shared"))
 	require.Equal(t, 201, send("globex"))
-	require.EqualValues(t, 3, h.calls.Load())
+	// A tenant PostgreSQL text cannot hold is escaped into the scope, never a 5xx.
+	require.Equal(t, 201, send("ac\x00me"))
+	require.Equal(t, 201, send("ac\x00me"), "a replay")
+	require.EqualValues(t, 4, h.calls.Load())
+	require.Equal(t, "idem:v1t:ac%00me:k", idempotency.ScopedKey("ac\x00me", "k"))
 	require.Equal(t, "idem:v1t:acme%3Ashared:k", idempotency.ScopedKey("acme:shared", "k"))
 	require.Equal(t, "idem:v1:probe", idempotency.ScopedKey("", "probe"))
 }
