@@ -70,7 +70,11 @@ func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
 	require.Equal(t, int64(2), swept.Moved)
 	require.True(t, swept.Drained)
 	require.Zero(t, swept.Backlog)
-	require.NotEmpty(t, testenv.Lines(sweeper.Output.String(), `"idempotency_archived_total":2`), "EMF line in the function's output")
+	// The emulator copies the function's output through a pipe: the line may
+	// land a moment after the response.
+	require.Eventually(t, func() bool {
+		return len(testenv.Lines(sweeper.Output.String(), `"idempotency_archived_total":2`)) > 0
+	}, 5*time.Second, 20*time.Millisecond, "EMF line in the function's output")
 
 	// THEN the lookup function finds what the sweeper archived, through every shape
 	t.Run("HTTP API 2.0", func(t *testing.T) {
@@ -170,5 +174,7 @@ func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
 		_, err = down.Lookup(ctx, "idem:v1:probe", nil)
 		require.ErrorIs(t, err, archiveclient.ErrUnavailable)
 	})
-	require.NotEmpty(t, testenv.Lines(lookup.Output.String(), `"idempotency_archive_lookup_duration_ms"`))
+	require.Eventually(t, func() bool {
+		return len(testenv.Lines(lookup.Output.String(), `"idempotency_archive_lookup_duration_ms"`)) > 0
+	}, 5*time.Second, 20*time.Millisecond, "EMF line in the lookup function's output")
 }

@@ -6,7 +6,7 @@
 //	GET  /v1/charges
 //
 // It reads DATABASE_URL and the configuration variables of the README
-// (LIVE_TTL, CLOCK_SKEW, SKIP_MARGIN, METRICS_NAMESPACE...), and ADDR
+// (LIVE_TTL, CLOCK_SKEW, METRICS_NAMESPACE...), and ADDR
 // (default :8080). EMF metric lines go to stdout, logs to stderr.
 package main
 
@@ -64,8 +64,7 @@ func run(ctx context.Context, getenv func(string) string) error {
 		SingleTenant: true,
 		Archive:      reader,
 		LiveTTL:      arch.LiveTTL,
-		ClockSkew:    arch.ClockSkew,
-		SkipMargin:   arch.SkipMargin,
+		ClockSkew:    s.ClockSkew,
 		// The same path the sweeper falls back to for rows without one.
 		ResourceIDPath: s.Sweep.WithDefaults().ResourceIDPath,
 		Required:       true,

@@ -255,9 +255,7 @@ func (d *demo) startAPI(ctx context.Context) (func(), error) {
 	addr := l.Addr().String()
 	l.Close()
 	cmd := exec.Command(filepath.Join(d.bin, "charges"))
-	// A live TTL of seconds needs a clock skew and skip margin to match.
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+d.dbURL, "ADDR="+addr, "LIVE_TTL="+d.ttl.String(),
-		"CLOCK_SKEW=100ms", "SKIP_MARGIN=200ms")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+d.dbURL, "ADDR="+addr, "LIVE_TTL="+d.ttl.String())
 	cmd.Stdout, cmd.Stderr = &d.logs, &d.logs
 	if err := cmd.Start(); err != nil {
 		return nil, err

@@ -394,7 +394,7 @@ func TestPropsAreValidatedAtSynth(t *testing.T) {
 		"no code dir":            {Props{}, "CodeDir is required"},
 		"interval too short":     {Props{CodeDir: code, SweepInterval: time.Minute}, "whole minutes from 2 to 60"},
 		"interval not whole":     {Props{CodeDir: code, SweepInterval: 150 * time.Second}, "whole minutes from 2 to 60"},
-		"batch the code refuses": {Props{CodeDir: code, SweepBatchSize: 60000}, "SWEEP_*"},
+		"batch the code refuses": {Props{CodeDir: code, SweepBatchSize: 60000}, "SWEEP_BATCH_SIZE: sweep batch size must be between 1 and 50000"},
 		"lead too short":         {Props{CodeDir: code, PartitionLeadMonths: 1}, "lead must be at least 2 months"},
 		"odd retention":          {Props{CodeDir: code, LogRetentionDays: 45}, "LogRetentionDays 45"},
 		"aurora range":           {Props{CodeDir: code, Aurora: true, AuroraMinCapacity: 8, AuroraMaxCapacity: 2}, "above AuroraMaxCapacity"},

@@ -4,10 +4,14 @@
 //
 // A point lookup reads the partitioned primary key. For keys that embed their
 // creation time (ULID, UUIDv7; see package keytime) the query also bounds
-// expired_at from below by that time minus the allowed clock skew: a key cannot
-// expire before it was minted, and the bound lets PostgreSQL prune every older
-// partition, so the lookup touches the few newest months only. Keys without a
-// timestamp search every partition.
+// expired_at from below by that time minus keytime.MaxClockSkew: every writer
+// refuses a key whose timestamp lies further ahead of its clock than its skew,
+// so a key's rows were registered, and expired, after that instant, whatever
+// the timestamp says. The bound lets PostgreSQL prune every older partition,
+// so the lookup touches the few newest months only. Keys without a timestamp
+// search every partition, and so does every key while idempotency_writers
+// records writers that bounded nothing (keys stored before writers recorded
+// their bounds).
 //
 //	r := archive.NewReader(pool, archive.Config{LiveTTL: 24 * time.Hour}, emitter)
 //	rec, err := r.Lookup(ctx, "idem:v1:probe", fingerprint)
@@ -24,10 +28,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -57,17 +63,13 @@ const InFlightStatus = 0
 
 // Config configures a Reader.
 type Config struct {
-	// LiveTTL is the live store's TTL. Used with ClockSkew for the skip rule.
+	// LiveTTL is the live store's TTL: the default of MaxLiveTTL's floor.
 	// Default 24h.
 	LiveTTL time.Duration
 	// MaxLiveTTL is the longest TTL any writer of the archive has used. The
 	// investigation query reads partitions up to the end of its window plus
 	// MaxLiveTTL. Default 7 days; at least LiveTTL.
 	MaxLiveTTL time.Duration
-	// ClockSkew is how far clocks that mint keys may run ahead. Default 5m.
-	ClockSkew time.Duration
-	// SkipMargin: see keytime.SkipRule. Default 2 × ClockSkew.
-	SkipMargin time.Duration
 	// MaxPageSize caps the investigation query's page. Default 1,000.
 	MaxPageSize int
 	// Now returns the current time. Default time.Now.
@@ -82,20 +84,13 @@ func (c Config) WithDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	rule := c.SkipRule().WithDefaults()
-	c.ClockSkew, c.SkipMargin = rule.ClockSkew, rule.Margin
 	return c
-}
-
-// SkipRule returns the archive skip rule this configuration implies.
-func (c Config) SkipRule() keytime.SkipRule {
-	return keytime.SkipRule{LiveTTL: c.LiveTTL, Margin: c.SkipMargin, ClockSkew: c.ClockSkew}
 }
 
 // Validate reports an unusable configuration.
 func (c Config) Validate() error {
-	if err := c.SkipRule().Validate(); err != nil {
-		return err
+	if c.LiveTTL < time.Second {
+		return errors.New("live TTL must be at least 1s")
 	}
 	if c.MaxLiveTTL < c.LiveTTL {
 		return errors.New("max live TTL must be at least the live TTL")
@@ -124,13 +119,25 @@ type Record struct {
 // InFlight reports whether the key expired before its request completed.
 func (r Record) InFlight() bool { return r.Status == InFlightStatus }
 
-// Reader reads the archive. It needs only SELECT on idempotency_key_archive.
+// Reader reads the archive. It needs only SELECT on idempotency_key_archive
+// and idempotency_writers (the idempotency_reader role).
 type Reader struct {
 	pool    *pgxpool.Pool
 	cfg     Config
-	rule    keytime.SkipRule
 	metrics *metrics.Emitter
+
+	mu sync.Mutex
+	// reach is how far before its timestamp a key's rows can lie, read from
+	// idempotency_writers at most once per reachTTL; negative: unbounded.
+	reach     time.Duration
+	reachRead time.Time
 }
+
+// reachTTL is how long a Reader trusts the reach it read. A stale value is
+// always safe: the only change that widens the reach, a writer that bounded
+// nothing, is recorded by the migration that creates the table, before any
+// Reader can read it; afterwards the reach only narrows.
+const reachTTL = time.Minute
 
 // NewReader validates cfg (after defaults) and returns a Reader. emitter may be nil.
 func NewReader(pool *pgxpool.Pool, cfg Config, emitter *metrics.Emitter) (*Reader, error) {
@@ -138,12 +145,7 @@ func NewReader(pool *pgxpool.Pool, cfg Config, emitter *metrics.Emitter) (*Reade
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Reader{pool: pool, cfg: cfg, rule: cfg.SkipRule(), metrics: emitter}, nil
-}
-
-// NeedsLookup applies the skip rule to scopedKey at the current time.
-func (r *Reader) NeedsLookup(scopedKey string) bool {
-	return r.rule.NeedsLookup(scopedKey, r.cfg.Now())
+	return &Reader{pool: pool, cfg: cfg, metrics: emitter}, nil
 }
 
 // lookupSQL reads the archive row that answers for a key: the newest
@@ -173,7 +175,11 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	var archived []byte
 	var status int16
 	err := tracing.Span(ctx, "archive.lookup", func(ctx context.Context) error {
-		return r.pool.QueryRow(ctx, lookupSQL, scopedKey, r.earliestExpiry(scopedKey)).
+		earliest, err := r.earliestExpiry(ctx, scopedKey)
+		if err != nil {
+			return err
+		}
+		return r.pool.QueryRow(ctx, lookupSQL, scopedKey, earliest).
 			Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived)
 	})
 	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
@@ -204,13 +210,52 @@ func compareFingerprints(given, archived []byte) *bool {
 	return &match
 }
 
-// earliestExpiry bounds expired_at from below for keys with a timestamp.
-// It deliberately does not add the TTL: TTLs change, minting times do not.
-func (r *Reader) earliestExpiry(scopedKey string) pgtype.Timestamptz {
-	if ts, ok := keytime.FromKey(scopedKey); ok {
-		return pgtype.Timestamptz{Time: ts.Add(-r.cfg.ClockSkew), Valid: true}
+// earliestExpiry bounds expired_at from below for keys with a timestamp: a
+// key's rows were registered no earlier than its timestamp minus the reach
+// (keytime.MaxClockSkew, see package keytime) and expired after that. It
+// deliberately does not add the TTL: TTLs change, minting times do not.
+func (r *Reader) earliestExpiry(ctx context.Context, scopedKey string) (pgtype.Timestamptz, error) {
+	unbounded := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	ts, ok := keytime.FromKey(scopedKey)
+	if !ok {
+		return unbounded, nil
 	}
-	return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	reach, err := r.readReach(ctx)
+	if err != nil || reach < 0 {
+		return unbounded, err
+	}
+	return pgtype.Timestamptz{Time: ts.Add(-reach), Valid: true}, nil
+}
+
+// reachSQL reads how far before its timestamp a key can have been stored:
+// NULL when a writer on record bounded nothing, else the largest skew on
+// record in milliseconds (0 when none).
+const reachSQL = `
+SELECT CASE WHEN bool_or(NOT bounded) THEN NULL ELSE coalesce(max(skew_ms), 0) END
+  FROM idempotency_writers`
+
+func (r *Reader) readReach(ctx context.Context) (time.Duration, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.reachRead.IsZero() && time.Since(r.reachRead) < reachTTL {
+		return r.reach, nil
+	}
+	var ms *int64
+	if err := r.pool.QueryRow(ctx, reachSQL).Scan(&ms); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+			// A schema migrated before writers recorded their bounds
+			// (run migrate): nothing is bounded.
+			return -1, nil
+		}
+		return 0, fmt.Errorf("read the writers' clock skews: %w", err)
+	}
+	r.reach = -1
+	if ms != nil {
+		r.reach = max(keytime.MaxClockSkew, time.Duration(*ms)*time.Millisecond)
+	}
+	r.reachRead = time.Now()
+	return r.reach, nil
 }
 
 func validateKey(k string) error {

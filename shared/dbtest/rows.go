@@ -61,6 +61,8 @@ type ArchiveRow struct {
 	ResourceID *string
 	CreatedAt  time.Time
 	ExpiredAt  time.Time
+	// Fingerprint defaults to Fingerprint(Key).
+	Fingerprint []byte
 }
 
 // InsertArchive inserts rows into idempotency_key_archive (whose partitions
@@ -71,10 +73,13 @@ func InsertArchive(t testing.TB, pool *pgxpool.Pool, rows ...ArchiveRow) {
 		if r.CreatedAt.IsZero() {
 			r.CreatedAt = r.ExpiredAt.Add(-24 * time.Hour)
 		}
+		if r.Fingerprint == nil {
+			r.Fingerprint = Fingerprint(r.Key)
+		}
 		_, err := pool.Exec(context.Background(), `
 			INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
 			VALUES ($1, $2, $3, $4, $5, $6)`,
-			r.Key, Fingerprint(r.Key), r.Status, r.ResourceID, r.CreatedAt, r.ExpiredAt)
+			r.Key, r.Fingerprint, r.Status, r.ResourceID, r.CreatedAt, r.ExpiredAt)
 		if err != nil {
 			t.Fatalf("insert archive row %q: %v", r.Key, err)
 		}

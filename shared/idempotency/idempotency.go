@@ -40,11 +40,20 @@
 // same fingerprint replays the stored status and body with the header
 // Idempotent-Replayed: true; a different fingerprint is a 422; a key still in
 // flight is a 409 with Retry-After. A fresh key is checked against the archive
-// (unless the skip rule says it cannot be there): if the archive holds it, the
+// unless the store proves that no earlier life of it can be there yet (see
+// package keytime for the invariant): if the archive holds it, the
 // registration is undone and the answer is 409 idempotency_key_expired (or 422
 // when the archived fingerprint differs). Otherwise the handler runs; its
 // status, body and resource id are recorded on completion. A handler that
 // answers 5xx or panics releases the key, so the client may retry.
+//
+// A key whose timestamp (ULID, UUIDv7) lies further ahead of the store's
+// clock than Config.ClockSkew is not registered: it is looked up in the whole
+// archive and answered from it when found, and is otherwise a 400
+// idempotency_key_timestamp_ahead, so that every stored key keeps the bound
+// that the skip and the archive's partition pruning rely on. When the archive
+// cannot be reached such a key is a 503, even with FailOpen: it is never
+// refused or run unchecked.
 package idempotency
 
 import (
@@ -113,11 +122,52 @@ type Completion struct {
 	ResourceID  *string
 }
 
+// Registering is a request to register a key.
+type Registering struct {
+	// Key is the scoped key.
+	Key         string
+	Fingerprint []byte
+	// TTL is the key's live window.
+	TTL time.Duration
+	// ClockSkew: a key whose timestamp lies further ahead of the store's
+	// clock than this is refused (Registration.Ahead). 0 allows none.
+	ClockSkew time.Duration
+}
+
+// Validate reports a TTL or clock skew no store may register under: a TTL
+// under 1s or not whole milliseconds, a skew outside 0 to
+// keytime.MaxClockSkew (the archive's pruning allows for no more). Stores
+// check it, so that one used without the middleware keeps the bound too.
+func (r Registering) Validate() error {
+	if r.TTL < time.Second || r.TTL%time.Millisecond != 0 {
+		return fmt.Errorf("live TTL must be at least 1s and a whole number of milliseconds, got %s", r.TTL)
+	}
+	return keytime.ValidateSkew(r.ClockSkew)
+}
+
+// Registration is the store's answer to Register.
+type Registration struct {
+	// Entry is the key's live entry: the new one when Fresh, else the
+	// existing one. Empty when Ahead.
+	Entry Entry
+	// Fresh says this call created the entry.
+	Fresh bool
+	// MayBeArchived says, for a fresh entry, that the archive can hold an
+	// earlier life of the key, so the middleware must look it up. A store
+	// that cannot prove otherwise says true.
+	MayBeArchived bool
+	// Ahead says the key's timestamp lies further ahead of the store's clock
+	// than Registering.ClockSkew: nothing was registered.
+	Ahead bool
+}
+
 // Store is a live store: Postgres (livestore.Postgres) or Redis (livestore.Redis).
 type Store interface {
-	// Register creates an in-flight entry for key unless one exists. It
-	// returns the entry and whether this call created it.
-	Register(ctx context.Context, key string, fingerprint []byte, ttl time.Duration) (Entry, bool, error)
+	// Register creates an in-flight entry for the key unless one exists or
+	// the key's timestamp is ahead (see Registration). A store must never
+	// store a key whose timestamp lies more than ClockSkew ahead of the
+	// time it registers it: the archive's pruning relies on it.
+	Register(ctx context.Context, req Registering) (Registration, error)
 	// Complete records the outcome of the request that registered key.
 	Complete(ctx context.Context, key string, c Completion) error
 	// Release removes an in-flight entry this request registered.
@@ -160,11 +210,14 @@ type Config struct {
 	Store Store
 	// Archive is consulted for fresh keys. Nil disables late-retry answers.
 	Archive Archive
-	// LiveTTL is how long a key stays live. Default 24h.
+	// LiveTTL is how long a key stays live: at least 1s, whole milliseconds.
+	// Default 24h.
 	LiveTTL time.Duration
-	// ClockSkew and SkipMargin tune the archive skip rule (package keytime).
-	// Defaults 5m and 2 × ClockSkew.
-	ClockSkew, SkipMargin time.Duration
+	// ClockSkew is how far ahead of the store's clock a key's timestamp
+	// (ULID, UUIDv7) may lie; further ahead, the key is refused unless the
+	// archive holds it. 0 to keytime.MaxClockSkew (1h), and 0 means none:
+	// set keytime.DefaultClockSkew (5m) for the usual allowance.
+	ClockSkew time.Duration
 	// Required makes a request without a key a 400. Default false: such a
 	// request passes through untouched.
 	Required bool
@@ -203,11 +256,11 @@ type Config struct {
 // Middleware is the configured middleware.
 type Middleware struct {
 	cfg  Config
-	rule keytime.SkipRule
 	path []string
-	// alwaysLookup: the store archives at completion (CompletionArchiver),
-	// so the skip rule's premise (a fresh key cannot be archived) is false.
-	alwaysLookup bool
+	// archivesAtCompletion: the store writes archive rows at completion
+	// (CompletionArchiver), so an archive row inside its window means a lost
+	// live entry, not an expired one.
+	archivesAtCompletion bool
 }
 
 // New validates cfg (after defaults) and returns the middleware.
@@ -229,12 +282,11 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	rule := keytime.SkipRule{LiveTTL: cfg.LiveTTL, ClockSkew: cfg.ClockSkew, Margin: cfg.SkipMargin}.WithDefaults()
-	if err := rule.Validate(); err != nil {
+	if err := (Registering{TTL: cfg.LiveTTL, ClockSkew: cfg.ClockSkew}).Validate(); err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
 	}
 	ca, ok := cfg.Store.(CompletionArchiver)
-	return &Middleware{cfg: cfg, rule: rule, path: strings.Split(cfg.ResourceIDPath, "."), alwaysLookup: ok && ca.ArchivesAtCompletion()}, nil
+	return &Middleware{cfg: cfg, path: strings.Split(cfg.ResourceIDPath, "."), archivesAtCompletion: ok && ca.ArchivesAtCompletion()}, nil
 }
 
 // ScopedKey returns the stored form of a client key (see the package doc).
@@ -348,38 +400,28 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, scoped string, fp []byte) {
 	ctx := r.Context()
-	entry, fresh, err := m.cfg.Store.Register(ctx, scoped, fp, m.cfg.LiveTTL)
+	reg, err := m.cfg.Store.Register(ctx, Registering{Key: scoped, Fingerprint: fp, TTL: m.cfg.LiveTTL, ClockSkew: m.cfg.ClockSkew})
 	if err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store register failed", "error", err)
 		m.retryAfter(w)
 		m.problem(w, r, http.StatusServiceUnavailable, "idempotency_store_unavailable", "the idempotency store is unavailable; retry later", nil)
 		return
 	}
-	if !fresh {
-		m.existing(w, r, entry, fp)
+	if reg.Ahead {
+		m.ahead(w, r, scoped, fp)
+		return
+	}
+	if !reg.Fresh {
+		m.existing(w, r, reg.Entry, fp)
 		return
 	}
 
-	if m.cfg.Archive != nil && (m.alwaysLookup || m.rule.NeedsLookup(scoped, m.cfg.Now())) {
-		actx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
-		rec, err := m.cfg.Archive.Lookup(actx, scoped, fp)
-		cancel()
+	if m.cfg.Archive != nil && reg.MayBeArchived {
+		rec, err := m.lookup(ctx, scoped, fp)
 		switch {
 		case err == nil:
 			m.release(ctx, scoped, fp)
-			if rec.FingerprintMatch != nil && !*rec.FingerprintMatch {
-				m.problem(w, r, http.StatusUnprocessableEntity, "idempotency_key_reused", "this key was used, before its window ended, for a different request", nil)
-				return
-			}
-			if m.alwaysLookup && m.cfg.Now().Before(rec.ExpiredAt) {
-				// Archived at completion and still inside its window: the
-				// live entry was lost, not expired. Say so. (A swept row's
-				// expiry is past by the database clock; the app clock may
-				// lag, so only completion-archiving stores take this path.)
-				m.responseLost(w, r, rec)
-				return
-			}
-			m.expired(w, r, rec.Status, rec.ResourceID, rec.CreatedAt, rec.ExpiredAt)
+			m.archived(w, r, rec)
 			return
 		case errors.Is(err, archive.ErrNotFound):
 		case m.cfg.OnArchiveError == FailOpen:
@@ -387,8 +429,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		default:
 			m.cfg.Logger.ErrorContext(ctx, "idempotency: archive unavailable, failing closed", "error", err)
 			m.release(ctx, scoped, fp)
-			m.retryAfter(w)
-			m.problem(w, r, http.StatusServiceUnavailable, "archive_unavailable", "cannot tell whether this key was used before; retry later", nil)
+			m.archiveUnavailable(w, r)
 			return
 		}
 	}
@@ -423,6 +464,60 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	w.WriteHeader(rec.status)
 	_, _ = w.Write(rec.body.Bytes())
+}
+
+func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (archive.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
+	defer cancel()
+	return m.cfg.Archive.Lookup(ctx, scoped, fp)
+}
+
+// archived answers a key the archive holds.
+func (m *Middleware) archived(w http.ResponseWriter, r *http.Request, rec archive.Record) {
+	if rec.FingerprintMatch != nil && !*rec.FingerprintMatch {
+		m.problem(w, r, http.StatusUnprocessableEntity, "idempotency_key_reused", "this key was used, before its window ended, for a different request", nil)
+		return
+	}
+	if m.archivesAtCompletion && m.cfg.Now().Before(rec.ExpiredAt) {
+		// Archived at completion and still inside its window: the live
+		// entry was lost, not expired. Say so. (A swept row's expiry is
+		// past by the database clock; the app clock may lag, so only
+		// completion-archiving stores take this path.)
+		m.responseLost(w, r, rec)
+		return
+	}
+	m.expired(w, r, rec.Status, rec.ResourceID, rec.CreatedAt, rec.ExpiredAt)
+}
+
+// ahead answers a key the store refused because its timestamp lies further
+// ahead than ClockSkew. Nothing was registered. Such a key may still have
+// been stored by a writer that allowed more skew, or before writers bounded
+// it, so the archive decides: a key it holds is answered from it; one it does
+// not is a 400; an archive that cannot answer is a 503 whatever
+// OnArchiveError says, because the key can neither be run nor refused
+// unchecked.
+func (m *Middleware) ahead(w http.ResponseWriter, r *http.Request, scoped string, fp []byte) {
+	if m.cfg.Archive != nil {
+		rec, err := m.lookup(r.Context(), scoped, fp)
+		switch {
+		case err == nil:
+			m.archived(w, r, rec)
+			return
+		case !errors.Is(err, archive.ErrNotFound):
+			m.cfg.Logger.ErrorContext(r.Context(), "idempotency: archive unavailable for a key whose timestamp is ahead", "error", err)
+			m.archiveUnavailable(w, r)
+			return
+		}
+	}
+	ts, _ := keytime.FromKey(scoped)
+	m.problem(w, r, http.StatusBadRequest, "idempotency_key_timestamp_ahead",
+		fmt.Sprintf("the Idempotency-Key's timestamp (%s) lies more than %s ahead of the server's clock: mint keys from a clock synchronized to UTC",
+			ts.UTC().Format(time.RFC3339Nano), m.cfg.ClockSkew), nil)
+}
+
+func (m *Middleware) archiveUnavailable(w http.ResponseWriter, r *http.Request) {
+	m.retryAfter(w)
+	m.problem(w, r, http.StatusServiceUnavailable, "archive_unavailable", "cannot tell whether this key was used before; retry later", nil)
 }
 
 func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, e Entry, fp []byte) {

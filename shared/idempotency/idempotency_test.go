@@ -276,9 +276,9 @@ func TestLateRetryIsAnsweredFromTheArchive(t *testing.T) {
 		require.Contains(t, b.metrics.String(), `"idempotency_expired_replay_total":1`)
 
 		// The speculative registration was undone.
-		_, fresh, err := b.store.Register(ctx, "idem:v1:probe", dbtest.Fingerprint("x"), time.Minute)
+		reg, err := b.store.Register(ctx, idempotency.Registering{Key: "idem:v1:probe", Fingerprint: dbtest.Fingerprint("x"), TTL: time.Minute})
 		require.NoError(t, err)
-		require.True(t, fresh)
+		require.True(t, reg.Fresh)
 	})
 }
 
@@ -319,19 +319,6 @@ func TestArchiveUnavailable(t *testing.T) {
 	open := b.middleware(t, idempotency.Config{Archive: &failingArchive{}, OnArchiveError: idempotency.FailOpen}).Wrap(h)
 	require.Equal(t, 201, post(open, "k", `{}`).Code, "the key was released by the closed failure")
 	require.EqualValues(t, 1, h.calls.Load())
-}
-
-func TestSkipRuleSparesTheArchiveForFreshULIDs(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pg)
-	arch := &failingArchive{}
-	srv := b.middleware(t, idempotency.Config{Archive: arch}).Wrap(&charges{})
-	// A ULID minted now cannot be in the archive: no lookup, so no 503.
-	require.Equal(t, 201, post(srv, freshULID(), `{}`).Code)
-	require.Zero(t, arch.calls.Load())
-	// A key without a timestamp is always looked up.
-	require.Equal(t, 503, post(srv, "plain-key", `{}`).Code)
-	require.EqualValues(t, 1, arch.calls.Load())
 }
 
 func TestExpiredButUnsweptLiveKeyIs409Expired(t *testing.T) {
@@ -500,9 +487,9 @@ func TestAClientThatGoesAwayStillReleasesTheKey(t *testing.T) {
 		srv.ServeHTTP(w, r)
 		require.Equal(t, 503, w.Code)
 		// The key is free again: no 24-hour "in flight" left behind.
-		_, fresh, err := b.store.Register(context.Background(), "idem:v1:gone", dbtest.Fingerprint("x"), time.Minute)
+		reg, err := b.store.Register(context.Background(), idempotency.Registering{Key: "idem:v1:gone", Fingerprint: dbtest.Fingerprint("x"), TTL: time.Minute})
 		require.NoError(t, err)
-		require.True(t, fresh)
+		require.True(t, reg.Fresh)
 	})
 }
 
@@ -586,7 +573,7 @@ func TestTheFingerprintCoversTheQueryString(t *testing.T) {
 	require.Equal(t, plain[:], idempotency.Fingerprint("POST", idempotency.RequestTarget(u), []byte(`{}`)), "no query: hashed as before")
 }
 
-// freshULID is a ULID minted now: the skip rule alone would spare it a lookup.
+// freshULID is a ULID minted now.
 func freshULID() string {
 	ms := uint64(time.Now().UnixMilli())
 	const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"

@@ -1,21 +1,49 @@
 // Package keytime reads the creation time that ULID and UUIDv7 idempotency keys
-// carry, and decides from it whether an archive lookup can be skipped.
+// carry, and states the invariant that lets that time spare work safely.
 //
 // A key's timestamp is read from the last ':'-separated segment of the scoped
 // key (for "idem:v1:01JD..." that is the client's key itself), which must be a
 // canonical ULID (26 Crockford base32 characters) or a UUID of version 7 (36
 // characters, hyphenated). Anything else has no timestamp.
 //
-// The skip rule: a key's archive lookup may be skipped only when its timestamp
-// lies within [now - liveTTL + margin, now + clockSkew]. Such a key was minted
-// too recently to have expired, so the archive cannot hold it. A key without a
-// timestamp, or one further in the future than the allowed skew (a broken
-// clock or a forged key), is always looked up.
+// # The invariant
+//
+// A timestamp is the client's claim, made with the client's clock. It is
+// trusted only as far as the live store enforces it: every registration of a
+// key happens at a time registered (the store's clock) with
+//
+//	minted <= registered + skew
+//
+// where skew is the writer's configured clock skew, at most MaxClockSkew. A
+// key whose timestamp lies further ahead is refused at registration (the
+// middleware answers it from the archive when the archive holds it, else 400
+// idempotency_key_timestamp_ahead) and is never stored. A clock that runs
+// slow needs no bound: an old timestamp only makes the key look older.
+//
+// Two shortcuts rest on it:
+//
+//   - Pruning. An archived row of a key was registered at or after
+//     minted - MaxClockSkew and expired after it was registered, so a lookup
+//     reads only partitions with expired_at >= minted - MaxClockSkew, however
+//     far the key's timestamp lies in the past or the future.
+//   - Skipping. With the Postgres live store, a fresh key needs no archive
+//     lookup when no earlier registration of it can have expired yet: every
+//     writer records the (TTL, skew) it uses and the time it used it (the
+//     idempotency_writers table), and a registration by a writer with
+//     (ttl, skew) cannot have expired before minted - skew + ttl. The store
+//     skips only when that time is still ahead for every writer that could
+//     have registered the key; a raised TTL, two TTLs during a rolling
+//     deploy and a client clock hours fast are all covered, with no setting
+//     to keep in step. A key without a timestamp is always looked up.
+//
+// Keys registered before writers recorded their bounds carry no bound:
+// while such a writer is on record, every key is looked up and every
+// partition read. A store that writes archive rows at completion (Redis) can
+// hold a fresh key in the archive at once, so it never skips.
 package keytime
 
 import (
-	"cmp"
-	"errors"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -111,48 +139,26 @@ func hexValue(c byte) (byte, bool) {
 	return 0, false
 }
 
-// SkipRule decides when an archive lookup may be skipped.
-type SkipRule struct {
-	// LiveTTL is how long the live store keeps a key. Required.
-	LiveTTL time.Duration
-	// Margin is subtracted from LiveTTL to absorb clock differences between the
-	// clients that mint keys and the servers that expire them. It must be at
-	// least ClockSkew and less than LiveTTL. Default: 2 × ClockSkew.
-	Margin time.Duration
-	// ClockSkew is how far in the future a key's timestamp may lie before the
-	// key is treated as untrustworthy. Default 5 minutes.
-	ClockSkew time.Duration
-}
+// DefaultClockSkew is how far ahead of the store's clock a key's timestamp may
+// lie by default.
+const DefaultClockSkew = 5 * time.Minute
 
-// WithDefaults returns r with zero fields set to their defaults.
-func (r SkipRule) WithDefaults() SkipRule {
-	r.ClockSkew = cmp.Or(r.ClockSkew, 5*time.Minute)
-	r.Margin = cmp.Or(r.Margin, 2*r.ClockSkew)
-	return r
-}
+// MaxClockSkew bounds every writer's clock skew, and so how far before its
+// timestamp a key can have been registered: archive lookups read from
+// minted - MaxClockSkew on.
+const MaxClockSkew = time.Hour
 
-// Validate reports a rule that could skip a lookup that was needed.
-func (r SkipRule) Validate() error {
-	switch {
-	case r.LiveTTL <= 0:
-		return errors.New("live TTL must be positive")
-	case r.ClockSkew < 0:
-		return errors.New("clock skew must not be negative")
-	case r.Margin < r.ClockSkew:
-		return errors.New("skip margin must be at least the allowed clock skew, or a key minted by a fast clock could skip a lookup it needs")
-	case r.Margin >= r.LiveTTL:
-		return errors.New("skip margin must be shorter than the live TTL")
+// ValidateSkew reports a clock skew no writer may use.
+func ValidateSkew(skew time.Duration) error {
+	if skew < 0 || skew > MaxClockSkew {
+		return fmt.Errorf("clock skew must be between 0 and %s, got %s", MaxClockSkew, skew)
 	}
 	return nil
 }
 
-// NeedsLookup reports whether the archive must be consulted for key at now.
-func (r SkipRule) NeedsLookup(key string, now time.Time) bool {
+// Ahead reports whether key's timestamp lies further ahead of now than skew
+// allows, with the timestamp. A key without a timestamp is never ahead.
+func Ahead(key string, now time.Time, skew time.Duration) (time.Time, bool) {
 	ts, ok := FromKey(key)
-	if !ok {
-		return true
-	}
-	oldestSkippable := now.Add(-r.LiveTTL + r.Margin)
-	newestSkippable := now.Add(r.ClockSkew)
-	return ts.Before(oldestSkippable) || ts.After(newestSkippable)
+	return ts, ok && ts.After(now.Add(skew))
 }

@@ -60,59 +60,48 @@ func TestFromKey(t *testing.T) {
 	}
 }
 
-func TestSkipRuleEdges(t *testing.T) {
+func TestAheadEdges(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	rule := SkipRule{LiveTTL: 24 * time.Hour, Margin: 10 * time.Minute, ClockSkew: 5 * time.Minute}
-	if err := rule.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	oldest := now.Add(-24*time.Hour + 10*time.Minute) // first instant that may skip
-	newest := now.Add(5 * time.Minute)                // last instant that may skip
-	ms := time.Millisecond                            // key timestamps have millisecond resolution
+	skew := 5 * time.Minute
+	newest := now.Add(skew) // the last instant a key may carry
+	ms := time.Millisecond  // key timestamps have millisecond resolution
 	cases := []struct {
-		name string
-		key  string
-		need bool
+		name  string
+		key   string
+		ahead bool
 	}{
-		{"no timestamp is always looked up", "idem:v1:probe", true},
-		{"uuidv4 is always looked up", "idem:v1:9b2e1c1e-3f7a-4c55-9d2b-6f0e8f1b2a3c", true},
-		{"minted now skips", "idem:v1:" + ulidAt(now), false},
-		{"exactly at the old edge skips", "idem:v1:" + ulidAt(oldest), false},
-		{"one ms older than the old edge looks up", "idem:v1:" + ulidAt(oldest.Add(-ms)), true},
-		{"older than the TTL looks up", "idem:v1:" + ulidAt(now.Add(-30*time.Hour)), true},
-		{"exactly at the future edge skips", "idem:v1:" + uuidv7At(newest), false},
-		{"one ms beyond the allowed skew looks up", "idem:v1:" + uuidv7At(newest.Add(ms)), true},
-		{"far future looks up", "idem:v1:" + ulidAt(now.Add(48*time.Hour)), true},
+		{"no timestamp is never ahead", "idem:v1:probe", false},
+		{"uuidv4 is never ahead", "idem:v1:9b2e1c1e-3f7a-4c55-9d2b-6f0e8f1b2a3c", false},
+		{"minted now", "idem:v1:" + ulidAt(now), false},
+		{"far in the past", "idem:v1:" + ulidAt(now.Add(-48*time.Hour)), false},
+		{"exactly at the skew", "idem:v1:" + uuidv7At(newest), false},
+		{"one ms beyond the skew", "idem:v1:" + uuidv7At(newest.Add(ms)), true},
+		{"two hours fast (local time in UTC+2)", "idem:v1:" + ulidAt(now.Add(2*time.Hour)), true},
+		{"far future", "idem:v1:" + ulidAt(now.Add(48*time.Hour)), true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := rule.NeedsLookup(tc.key, now); got != tc.need {
-				t.Fatalf("NeedsLookup(%q) = %v, want %v", tc.key, got, tc.need)
+			if _, got := Ahead(tc.key, now, skew); got != tc.ahead {
+				t.Fatalf("Ahead(%q) = %v, want %v", tc.key, got, tc.ahead)
 			}
 		})
+	}
+	// A zero skew is zero: one millisecond ahead is ahead.
+	if _, got := Ahead("idem:v1:"+ulidAt(now.Add(ms)), now, 0); !got {
+		t.Fatal("with skew 0, a key 1ms ahead is not ahead")
 	}
 }
 
-func TestSkipRuleValidate(t *testing.T) {
+func TestValidateSkew(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		name string
-		rule SkipRule
-		ok   bool
-	}{
-		{"defaults", SkipRule{LiveTTL: 24 * time.Hour}.WithDefaults(), true},
-		{"no ttl", SkipRule{}.WithDefaults(), false},
-		{"margin below skew", SkipRule{LiveTTL: time.Hour, Margin: time.Minute, ClockSkew: 2 * time.Minute}, false},
-		{"margin not below ttl", SkipRule{LiveTTL: time.Hour, Margin: time.Hour, ClockSkew: time.Minute}, false},
-		{"negative skew", SkipRule{LiveTTL: time.Hour, Margin: time.Minute, ClockSkew: -time.Second}, false},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.rule.Validate(); (err == nil) != tc.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tc.ok)
-			}
-		})
+	for skew, ok := range map[time.Duration]bool{
+		0: true, DefaultClockSkew: true, MaxClockSkew: true,
+		-time.Nanosecond: false, MaxClockSkew + time.Nanosecond: false,
+	} {
+		if err := ValidateSkew(skew); (err == nil) != ok {
+			t.Errorf("ValidateSkew(%s) = %v, want ok=%v", skew, err, ok)
+		}
 	}
 }
 

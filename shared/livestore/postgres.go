@@ -7,12 +7,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/keytime"
 )
 
 // ErrNotInFlight means Complete found no in-flight entry with that fingerprint
@@ -20,21 +23,92 @@ import (
 var ErrNotInFlight = errors.New("livestore: key is not in flight")
 
 // Postgres keeps live keys in idempotency_keys.
+//
+// It enforces the invariant of package keytime with the database's clock:
+// before it registers keys under a (TTL, skew) it holds a lease on that pair
+// in idempotency_writers, and the registration statement refuses a key
+// whose timestamp lies more than the skew ahead of now() and registers
+// nothing without a live lease. The same statement then decides, from every
+// writer on record, whether an earlier life of the fresh key can have
+// expired (and been archived): when none can, the middleware skips the
+// archive lookup. Its pool's role needs the idempotency_writer grants.
 type Postgres struct {
 	pool *pgxpool.Pool
+
+	mu     sync.Mutex
+	leased map[lease]time.Time // app-clock time each lease was last renewed
 }
+
+type lease struct{ ttlMS, skewMS int64 }
 
 var _ idempotency.Store = (*Postgres)(nil)
 
 // NewPostgres returns a store over pool.
-func NewPostgres(pool *pgxpool.Pool) *Postgres { return &Postgres{pool: pool} }
+func NewPostgres(pool *pgxpool.Pool) *Postgres {
+	return &Postgres{pool: pool, leased: map[lease]time.Time{}}
+}
+
+// Lease timing: a lease lasts leaseFor of database time and is renewed once
+// renewAfter of local time has passed since the last renewal, so it never
+// runs out under a live writer whose clock is sane. If it does run out (a
+// paused process, a clock jump), the registration finds no live lease,
+// renews it and tries again: a key is never registered without one.
+const (
+	leaseFor   = 10 * time.Minute
+	renewAfter = 4 * time.Minute
+)
+
+// expirySlack widens the "can it have expired yet" test of the skip: a row
+// counts as possibly expired from expirySlack before its earliest expiry, so
+// a database clock that steps back by up to that much never lets a key skip
+// a lookup it needs.
+const expirySlack = time.Second
 
 const (
+	// pgLeaseSQL records that this writer registers keys under ($1 TTL,
+	// $2 skew) from now until $3 from now. used_until never moves back.
+	pgLeaseSQL = `
+INSERT INTO idempotency_writers AS w (ttl_ms, skew_ms, bounded, first_used, used_until)
+VALUES ($1, $2, true, now(), now() + $3 * interval '1 millisecond')
+ON CONFLICT (ttl_ms, skew_ms, bounded) DO UPDATE
+   SET used_until = greatest(w.used_until, excluded.used_until)`
+
+	// pgRegisterSQL registers $1 (fingerprint $2, TTL $3 ms, skew $4 ms,
+	// timestamp $5 or NULL) when this writer's lease covers now() and the
+	// timestamp is at most the skew ahead of now(). It reports whether the
+	// lease was live, whether the key is ahead, the new row's times when one
+	// was inserted, and whether an earlier life of the key can be archived:
+	// a key without a timestamp always can; otherwise some writer w on
+	// record could have registered it (it was in use at or after
+	// minted - w.skew) early enough for that registration to have expired by
+	// now (a registration is no earlier than minted - w.skew and no earlier
+	// than w.first_used, and lives w.ttl). A writer that bounded nothing
+	// could have registered anything. clock_timestamp() is read after the
+	// insert, which waited for any sweep of the key's previous row to
+	// commit, so a row that sweep archived had expired before it.
 	pgRegisterSQL = `
-INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at)
-VALUES ($1, $2, now() + $3 * interval '1 millisecond')
-ON CONFLICT (scoped_key) DO NOTHING
-RETURNING created_at, expires_at`
+WITH lease AS (
+    SELECT EXISTS (SELECT 1 FROM idempotency_writers
+                    WHERE ttl_ms = $3 AND skew_ms = $4 AND bounded AND used_until >= now()) AS live
+), ahead AS (
+    SELECT $5::timestamptz IS NOT NULL AND $5::timestamptz > now() + $4 * interval '1 millisecond' AS ahead
+), ins AS (
+    INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at)
+    SELECT $1, $2, now() + $3 * interval '1 millisecond'
+      FROM lease, ahead
+     WHERE lease.live AND NOT ahead.ahead
+    ON CONFLICT (scoped_key) DO NOTHING
+    RETURNING created_at, expires_at
+)
+SELECT lease.live, ahead.ahead, ins.created_at, ins.expires_at,
+       ins.created_at IS NOT NULL AND ($5::timestamptz IS NULL OR EXISTS (
+           SELECT 1 FROM idempotency_writers w
+            WHERE NOT w.bounded
+               OR (w.used_until >= $5::timestamptz - w.skew_ms * interval '1 millisecond'
+                   AND greatest($5::timestamptz - w.skew_ms * interval '1 millisecond', w.first_used)
+                       + w.ttl_ms * interval '1 millisecond'
+                       <= clock_timestamp() + $6 * interval '1 millisecond')))
+  FROM lease CROSS JOIN ahead LEFT JOIN ins ON true`
 
 	pgGetSQL = `
 SELECT fingerprint, state, coalesce(status_code, 0), coalesce(response_raw, convert_to(response::text, 'UTF8')),
@@ -54,23 +128,76 @@ UPDATE idempotency_keys
 // Register inserts an in-flight row, or returns the existing one. The insert
 // and the read are separate statements: under READ COMMITTED the read then
 // sees a row that a concurrent request committed while the insert waited.
-func (p *Postgres) Register(ctx context.Context, key string, fp []byte, ttl time.Duration) (idempotency.Entry, bool, error) {
-	for range 5 {
-		e := idempotency.Entry{Fingerprint: fp, State: idempotency.InFlight}
-		err := p.pool.QueryRow(ctx, pgRegisterSQL, key, fp, ttl.Milliseconds()).Scan(&e.CreatedAt, &e.ExpiresAt)
-		if err == nil {
-			return e, true, nil
+func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (idempotency.Registration, error) {
+	if err := req.Validate(); err != nil {
+		return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
+	}
+	l := lease{ttlMS: durationMS(req.TTL), skewMS: durationMS(req.ClockSkew)}
+	var minted pgtype.Timestamptz
+	if ts, ok := keytime.FromKey(req.Key); ok {
+		minted = pgtype.Timestamptz{Time: ts, Valid: true}
+	}
+	if err := p.renew(ctx, l, false); err != nil {
+		return idempotency.Registration{}, err
+	}
+	for attempt := 0; attempt < 6; attempt++ {
+		var live, ahead bool
+		var created, expires *time.Time
+		var mayBeArchived bool
+		err := p.pool.QueryRow(ctx, pgRegisterSQL, req.Key, req.Fingerprint, l.ttlMS, l.skewMS, minted, expirySlack.Milliseconds()).
+			Scan(&live, &ahead, &created, &expires, &mayBeArchived)
+		if err != nil {
+			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return e, false, fmt.Errorf("register idempotency key: %w", err)
+		switch {
+		case !live:
+			// The lease ran out (a paused process, a clock jump): renew
+			// it now and try again.
+			if err := p.renew(ctx, l, true); err != nil {
+				return idempotency.Registration{}, err
+			}
+			continue
+		case ahead:
+			return idempotency.Registration{Ahead: true}, nil
+		case created != nil:
+			e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: *created, ExpiresAt: *expires}
+			return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: mayBeArchived}, nil
 		}
-		e, err = p.get(ctx, key)
+		e, err := p.get(ctx, req.Key)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // released between the two statements: try again
 		}
-		return e, false, err
+		return idempotency.Registration{Entry: e}, err
 	}
-	return idempotency.Entry{}, false, errors.New("register idempotency key: the key keeps being released concurrently")
+	return idempotency.Registration{}, errors.New("register idempotency key: the key keeps being released concurrently, or the writer lease keeps running out")
+}
+
+// renew extends the lease on l when it is due, or always when force.
+func (p *Postgres) renew(ctx context.Context, l lease, force bool) error {
+	p.mu.Lock()
+	last, ok := p.leased[l]
+	p.mu.Unlock()
+	if ok && !force && time.Since(last) < renewAfter {
+		return nil
+	}
+	start := time.Now()
+	if _, err := p.pool.Exec(ctx, pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds()); err != nil {
+		return fmt.Errorf("record the writer's TTL and clock skew in idempotency_writers: %w", err)
+	}
+	p.mu.Lock()
+	p.leased[l] = start
+	p.mu.Unlock()
+	return nil
+}
+
+// durationMS rounds d up to whole milliseconds, so a recorded TTL or skew is
+// never shorter than the one in force.
+func durationMS(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return ms
 }
 
 func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, error) {

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/keytime"
 )
 
 // Redis keeps live keys in Redis hashes that expire with the key's window.
@@ -25,6 +26,15 @@ import (
 // an expiry instead, so that the key keeps replaying rather than ever running
 // twice; the error is returned for the operator to reconcile. A key that
 // expires while still in flight is not archived.
+//
+// Because a key's archive row exists from completion on, a lost hash (a
+// failover, a restart, an eviction) leaves the archive as the only record of
+// it, however fresh the key: every fresh key is looked up
+// (Registration.MayBeArchived is always true), and a hash lost while its
+// request was still in flight cannot be protected. A key whose timestamp lies
+// more than the skew ahead of this process's clock is refused before
+// anything is written, so the archive's pruning bound holds for its rows too
+// (their created_at is this process's clock at registration).
 type Redis struct {
 	client  *redis.Client
 	archive *pgxpool.Pool
@@ -77,19 +87,26 @@ return 0`)
 )
 
 // Register creates the in-flight hash atomically unless the key exists.
-func (s *Redis) Register(ctx context.Context, key string, fp []byte, ttl time.Duration) (idempotency.Entry, bool, error) {
+func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idempotency.Registration, error) {
+	if err := req.Validate(); err != nil {
+		return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
+	}
 	now := s.now()
-	created, expires := now.UnixMilli(), now.Add(ttl).UnixMilli()
-	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + key}, fp, created, expires).Result()
+	if _, ahead := keytime.Ahead(req.Key, now, req.ClockSkew); ahead {
+		return idempotency.Registration{Ahead: true}, nil
+	}
+	created, expires := now.UnixMilli(), now.Add(req.TTL).UnixMilli()
+	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires).Result()
 	if errors.Is(err, redis.Nil) {
-		return idempotency.Entry{Fingerprint: fp, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}, true, nil
+		e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}
+		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true}, nil
 	}
 	if err != nil {
-		return idempotency.Entry{}, false, fmt.Errorf("register idempotency key: %w", err)
+		return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 	}
 	fields, ok := res.([]any)
 	if !ok {
-		return idempotency.Entry{}, false, fmt.Errorf("register idempotency key: unexpected reply %T", res)
+		return idempotency.Registration{}, fmt.Errorf("register idempotency key: unexpected reply %T", res)
 	}
 	h := map[string]string{}
 	for i := 0; i+1 < len(fields); i += 2 {
@@ -97,7 +114,7 @@ func (s *Redis) Register(ctx context.Context, key string, fp []byte, ttl time.Du
 		v, _ := fields[i+1].(string)
 		h[k] = v
 	}
-	return entryFromHash(h), false, nil
+	return idempotency.Registration{Entry: entryFromHash(h)}, nil
 }
 
 func entryFromHash(h map[string]string) idempotency.Entry {

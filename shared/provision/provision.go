@@ -90,7 +90,7 @@ func (u Users) Validate() error {
 			continue
 		case !userName.MatchString(name):
 			return fmt.Errorf("%w %q: use lowercase letters, digits and _, starting with a letter or _", ErrInvalidUser, name)
-		case name == schema.OwnerRole || name == schema.SweeperRole || name == schema.ReaderRole || name == IAMRole:
+		case name == schema.OwnerRole || name == schema.SweeperRole || name == schema.ReaderRole || name == schema.WriterRole || name == IAMRole:
 			return fmt.Errorf("%w %q: that is a group role, not a login user", ErrInvalidUser, name)
 		case len(name) >= 3 && (name[:3] == "pg_" || name[:3] == "rds"):
 			return fmt.Errorf("%w %q: names starting pg_ or rds are reserved", ErrInvalidUser, name)

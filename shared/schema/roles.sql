@@ -1,6 +1,7 @@
 -- Least-privilege group roles (NOLOGIN). Grant them to login roles:
 --   GRANT idempotency_sweeper TO sweeper_login;
 --   GRANT idempotency_reader  TO lookup_login;
+--   GRANT idempotency_writer  TO api_login;      -- the Postgres live store
 --   GRANT idempotency_owner   TO ddl_login;      -- migrations and partitions
 -- Safe to re-run: every statement is idempotent. Runs in the current schema.
 DO $roles$
@@ -8,7 +9,7 @@ DECLARE
     role_name text;
     part_name text;
 BEGIN
-    FOREACH role_name IN ARRAY ARRAY['idempotency_owner', 'idempotency_sweeper', 'idempotency_reader'] LOOP
+    FOREACH role_name IN ARRAY ARRAY['idempotency_owner', 'idempotency_sweeper', 'idempotency_reader', 'idempotency_writer'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role_name) THEN
             BEGIN
                 EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
@@ -25,6 +26,7 @@ BEGIN
     END IF;
     EXECUTE format('ALTER TABLE %I.idempotency_keys OWNER TO idempotency_owner', current_schema());
     EXECUTE format('ALTER TABLE %I.idempotency_key_archive OWNER TO idempotency_owner', current_schema());
+    EXECUTE format('ALTER TABLE %I.idempotency_writers OWNER TO idempotency_owner', current_schema());
     -- ALTER TABLE ... OWNER does not cascade to partitions that already exist.
     FOR part_name IN
         SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -33,20 +35,28 @@ BEGIN
         EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', current_schema(), part_name);
     END LOOP;
 
-    EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_sweeper, idempotency_reader', current_schema());
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
 
     -- The sweeper reads and deletes live rows and inserts archive rows. PostgreSQL
     -- requires UPDATE on at least one column for SELECT ... FOR UPDATE SKIP LOCKED,
     -- so it gets UPDATE on the single column expires_at; it never issues UPDATE.
-    EXECUTE format('REVOKE ALL ON TABLE %I.idempotency_keys, %I.idempotency_key_archive FROM idempotency_sweeper, idempotency_reader',
-                   current_schema(), current_schema());
+    EXECUTE format('REVOKE ALL ON TABLE %I.idempotency_keys, %I.idempotency_key_archive, %I.idempotency_writers FROM idempotency_sweeper, idempotency_reader, idempotency_writer',
+                   current_schema(), current_schema(), current_schema());
     EXECUTE format('GRANT SELECT, DELETE ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
     EXECUTE format('GRANT UPDATE (expires_at) ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
     EXECUTE format('GRANT INSERT ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
     -- INSERT ... ON CONFLICT needs SELECT on the conflict target's columns.
     EXECUTE format('GRANT SELECT (scoped_key, expired_at) ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
 
-    -- Lookups only read the archive.
+    -- Lookups only read the archive, and the writers' skews that bound how
+    -- far back a key's rows can lie.
     EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_key_archive TO idempotency_reader', current_schema());
+    EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_writers TO idempotency_reader', current_schema());
+
+    -- API services (the Postgres live store) register, complete and release
+    -- live keys, and hold leases on their (TTL, skew) in idempotency_writers.
+    -- They never delete a writer row: the rows are the proof the skip rests on.
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.idempotency_keys TO idempotency_writer', current_schema());
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE ON TABLE %I.idempotency_writers TO idempotency_writer', current_schema());
 END
 $roles$;

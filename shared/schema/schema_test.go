@@ -6,11 +6,15 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/livestore"
 	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
@@ -74,6 +78,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	ctx := context.Background()
 	reader := db.NewPool(t, dbtest.AsRole(schema.ReaderRole))
 	sweeper := db.NewPool(t, dbtest.AsRole(schema.SweeperRole))
+	writer := db.NewPool(t, dbtest.AsRole(schema.WriterRole))
 
 	for _, tc := range []struct {
 		role string
@@ -87,11 +92,13 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		{schema.SweeperRole, "INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at) VALUES ('k', sha256('k'), now() + interval '1 day')"},
 		{schema.SweeperRole, "DELETE FROM idempotency_key_archive"},
 		{schema.SweeperRole, "CREATE TABLE x (a int)"},
+		{schema.SweeperRole, "INSERT INTO idempotency_writers (ttl_ms, skew_ms, used_until) VALUES (1000, 0, now())"},
+		{schema.ReaderRole, "UPDATE idempotency_writers SET used_until = now()"},
+		{schema.WriterRole, "DELETE FROM idempotency_writers"},
+		{schema.WriterRole, "SELECT * FROM idempotency_key_archive"},
+		{schema.WriterRole, "INSERT INTO idempotency_key_archive VALUES ('k', '\\x00', 201, NULL, now(), now())"},
 	} {
-		pool := reader
-		if tc.role == schema.SweeperRole {
-			pool = sweeper
-		}
+		pool := map[string]*pgxpool.Pool{schema.ReaderRole: reader, schema.SweeperRole: sweeper, schema.WriterRole: writer}[tc.role]
 		_, err := pool.Exec(ctx, tc.sql)
 		require.ErrorContains(t, err, "permission denied", "%s: %s", tc.role, tc.sql)
 	}
@@ -99,4 +106,50 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	require.NoError(t, err)
 	_, err = sweeper.Exec(ctx, "DELETE FROM idempotency_keys WHERE expires_at < now()")
 	require.NoError(t, err)
+	_, err = reader.Exec(ctx, "SELECT bounded, skew_ms FROM idempotency_writers")
+	require.NoError(t, err)
+
+	// The Postgres live store works as idempotency_writer alone.
+	store := livestore.NewPostgres(writer)
+	key := "idem:v1:writer-role"
+	reg, err := store.Register(ctx, idempotency.Registering{Key: key, Fingerprint: dbtest.Fingerprint(key), TTL: time.Minute})
+	require.NoError(t, err)
+	require.True(t, reg.Fresh)
+	require.NoError(t, store.Complete(ctx, key, idempotency.Completion{Fingerprint: dbtest.Fingerprint(key), Status: 201, Body: []byte(`{}`)}))
+	reg, err = store.Register(ctx, idempotency.Registering{Key: "idem:v1:writer-role-2", Fingerprint: dbtest.Fingerprint("2"), TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, store.Release(ctx, "idem:v1:writer-role-2", dbtest.Fingerprint("2")))
+}
+
+// Upgrading a database that already holds keys records a writer that bounded
+// nothing, so that keys stored before writers recorded their bounds are never
+// skipped or pruned away; a fresh database records none.
+func TestUpgradeRecordsUnboundedWriters(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_writers"), "a fresh database has no unbounded writer")
+
+	upgraded := db.Schema + "_up"
+	_, err := db.Pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{upgraded}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{upgraded}.Sanitize()+" CASCADE")
+	})
+	conn, err := pgx.Connect(ctx, dbtest.WithSearchPath(t, db.URL, upgraded))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = schema.MigrateTo(ctx, conn, logger, 3)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at) VALUES ('idem:v1:old', sha256('old'), now() + interval '1 day')")
+	require.NoError(t, err)
+	res, err := schema.Migrate(ctx, conn, logger)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, res.ToVersion)
+	var bounded bool
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*), bool_and(bounded) FROM idempotency_writers").Scan(&n, &bounded))
+	require.Equal(t, 1, n)
+	require.False(t, bounded)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/database"
+	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/sweep"
@@ -29,6 +30,10 @@ type Settings struct {
 	Sweep            sweep.Config
 	Partitions       partition.Config
 	Archive          archive.Config
+	// ClockSkew is how far ahead of the store's clock a key's timestamp may
+	// lie (idempotency.Config.ClockSkew): CLOCK_SKEW, default
+	// keytime.DefaultClockSkew; 0 is honoured.
+	ClockSkew time.Duration
 }
 
 // Variable documents one environment variable.
@@ -50,8 +55,7 @@ var Variables = []Variable{
 	{"METRICS_NAMESPACE", metrics.DefaultNamespace, "CloudWatch namespace of the EMF metrics: 1 to 255 of A-Z a-z 0-9 . - _ / # :, not starting with : or AWS/"},
 	{"LIVE_TTL", "24h", "how long the live store keeps a key"},
 	{"MAX_LIVE_TTL", "168h", "longest TTL any writer has used; bounds the partitions an investigation reads"},
-	{"CLOCK_SKEW", "5m", "how far ahead the clocks that mint ULID/UUIDv7 keys may run"},
-	{"SKIP_MARGIN", "2 x CLOCK_SKEW", "margin of the archive skip rule; at least CLOCK_SKEW, below LIVE_TTL"},
+	{"CLOCK_SKEW", "5m", "how far ahead of the store's clock a ULID/UUIDv7 key's timestamp may lie; 0 to 1h, 0 allows none; a key further ahead is answered from the archive or refused with 400"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
 	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%); 0 means no pause"},
 	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch; whole milliseconds, 1ms to 15m"},
@@ -80,25 +84,30 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		},
 		MetricsNamespace: getenv("METRICS_NAMESPACE"),
 		Sweep: sweep.Config{
-			BatchSize:        r.int("SWEEP_BATCH_SIZE"),
+			BatchSize:        r.positiveInt("SWEEP_BATCH_SIZE"),
 			Pause:            r.durationOr("SWEEP_PAUSE", sweep.DefaultPause),
-			LockTimeout:      r.duration("SWEEP_LOCK_TIMEOUT"),
-			StatementTimeout: r.duration("SWEEP_STATEMENT_TIMEOUT"),
-			DeadlineMargin:   r.duration("SWEEP_DEADLINE_MARGIN"),
+			LockTimeout:      r.positiveDuration("SWEEP_LOCK_TIMEOUT"),
+			StatementTimeout: r.positiveDuration("SWEEP_STATEMENT_TIMEOUT"),
+			DeadlineMargin:   r.positiveDuration("SWEEP_DEADLINE_MARGIN"),
 			ResourceIDPath:   getenv("SWEEP_RESOURCE_ID_PATH"),
 		},
 		Partitions: partition.Config{
-			LeadMonths:       r.int("PARTITION_LEAD_MONTHS"),
+			LeadMonths:       r.positiveInt("PARTITION_LEAD_MONTHS"),
 			RetentionMonths:  r.int("PARTITION_RETENTION_MONTHS"),
-			LockTimeout:      r.duration("PARTITION_LOCK_TIMEOUT"),
-			StatementTimeout: r.duration("PARTITION_STATEMENT_TIMEOUT"),
+			LockTimeout:      r.positiveDuration("PARTITION_LOCK_TIMEOUT"),
+			StatementTimeout: r.positiveDuration("PARTITION_STATEMENT_TIMEOUT"),
 		},
 		Archive: archive.Config{
-			LiveTTL:    r.duration("LIVE_TTL"),
-			MaxLiveTTL: r.duration("MAX_LIVE_TTL"),
-			ClockSkew:  r.duration("CLOCK_SKEW"),
-			SkipMargin: r.duration("SKIP_MARGIN"),
+			LiveTTL:    r.positiveDuration("LIVE_TTL"),
+			MaxLiveTTL: r.positiveDuration("MAX_LIVE_TTL"),
 		},
+		ClockSkew: r.durationOr("CLOCK_SKEW", keytime.DefaultClockSkew),
+	}
+	if getenv("SKIP_MARGIN") != "" {
+		r.fail("SKIP_MARGIN", errors.New("was removed: the archive skip no longer needs a margin (it is proven from the TTLs and skews writers record); unset it"))
+	}
+	if err := keytime.ValidateSkew(s.ClockSkew); err != nil && r.err == nil {
+		r.fail("CLOCK_SKEW", err)
 	}
 	switch mode := strings.ToLower(getenv("SWEEP_MISSING_PARTITION")); mode {
 	case "", "create":
@@ -128,7 +137,7 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		return s, fmt.Errorf("%s: %w", partitionVariable(err), err)
 	}
 	if err := s.Archive.WithDefaults().Validate(); err != nil {
-		return s, fmt.Errorf("LIVE_TTL/CLOCK_SKEW/SKIP_MARGIN: %w", err)
+		return s, fmt.Errorf("LIVE_TTL/MAX_LIVE_TTL: %w", err)
 	}
 	return s, nil
 }
@@ -226,6 +235,27 @@ func (r *reader) bool(name string) bool {
 		r.fail(name, errors.New("not true or false: "+strconv.Quote(v)))
 	}
 	return b
+}
+
+// positiveInt is int for a variable whose zero would only mean "the default":
+// set, it must be positive, so that 0 never silently becomes the default.
+func (r *reader) positiveInt(name string) int {
+	n := r.int(name)
+	if r.getenv(name) != "" && n <= 0 && r.err == nil {
+		r.fail(name, fmt.Errorf("must be positive, got %s (unset it for the default)", strconv.Quote(r.getenv(name))))
+	}
+	return n
+}
+
+// positiveDuration is duration for a variable whose zero would only mean
+// "the default" (a timeout, a TTL): set, it must be positive, so that 0
+// never silently becomes the default nor "no timeout".
+func (r *reader) positiveDuration(name string) time.Duration {
+	d := r.duration(name)
+	if r.getenv(name) != "" && d <= 0 && r.err == nil {
+		r.fail(name, fmt.Errorf("must be positive, got %s (unset it for the default)", strconv.Quote(r.getenv(name))))
+	}
+	return d
 }
 
 // durationOr is duration for a variable whose zero is meaningful: the

@@ -57,7 +57,9 @@ func TestErrorsNameTheVariable(t *testing.T) {
 		"PARTITION_LEAD_MONTHS":      "1",
 		"PARTITION_RETENTION_MONTHS": "-3",
 		"DATABASE_EXEC_MODE":         "turbo",
-		"SKIP_MARGIN":                "1m", // below the default 5m clock skew
+		"SKIP_MARGIN":                "1m", // removed
+		"CLOCK_SKEW":                 "2h",
+		"LIVE_TTL":                   "0",
 		"SWEEP_MISSING_PARTITION":    "ignore",
 	}
 	for name, value := range cases {
@@ -71,7 +73,7 @@ func TestErrorsNameTheVariable(t *testing.T) {
 			continue
 		}
 		prefix := strings.SplitN(name, "_", 2)[0]
-		if !strings.Contains(err.Error(), prefix) && !strings.Contains(err.Error(), "execution mode") && !strings.Contains(err.Error(), "skip margin") {
+		if !strings.Contains(err.Error(), prefix) && !strings.Contains(err.Error(), "execution mode") && !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: error does not point at the variable: %v", name, value, err)
 		}
 	}
@@ -180,5 +182,38 @@ func TestPartitionRetentionIsBounded(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), name+": ") {
 			t.Errorf("%s=%s: got %v, want an error naming %s", name, value, err, name)
 		}
+	}
+}
+
+// A zero that would only mean "the default" is refused, never silently read
+// as the default; a zero that means something (no pause, no clock skew, keep
+// forever) is honoured.
+func TestZeroIsNeverTheDefault(t *testing.T) {
+	for _, name := range []string{
+		"LIVE_TTL", "MAX_LIVE_TTL", "SWEEP_BATCH_SIZE", "SWEEP_LOCK_TIMEOUT", "SWEEP_STATEMENT_TIMEOUT",
+		"SWEEP_DEADLINE_MARGIN", "PARTITION_LEAD_MONTHS", "PARTITION_LOCK_TIMEOUT", "PARTITION_STATEMENT_TIMEOUT",
+	} {
+		value := "0"
+		if !strings.Contains(name, "SIZE") && !strings.Contains(name, "MONTHS") {
+			value = "0s"
+		}
+		_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", name: value}))
+		if err == nil || !strings.HasPrefix(err.Error(), name+": must be positive") {
+			t.Errorf("%s=%s: got %v, want it refused naming %s", name, value, err, name)
+		}
+	}
+	s, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "CLOCK_SKEW": "0", "SWEEP_PAUSE": "0", "PARTITION_RETENTION_MONTHS": "0"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ClockSkew != 0 || s.Sweep.WithDefaults().Pause != 0 || s.Partitions.WithDefaults().RetentionMonths != 0 {
+		t.Errorf("a meaningful zero was not honoured: skew %s, pause %s, retention %d", s.ClockSkew, s.Sweep.Pause, s.Partitions.RetentionMonths)
+	}
+	s, err = FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ClockSkew != 5*time.Minute {
+		t.Errorf("unset CLOCK_SKEW is %s, want 5m", s.ClockSkew)
 	}
 }

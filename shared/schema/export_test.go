@@ -1,0 +1,4 @@
+package schema
+
+// MigrateTo is exported for the upgrade tests.
+var MigrateTo = migrateTo
