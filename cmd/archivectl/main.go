@@ -80,7 +80,14 @@ type env struct {
 	metrics        *metrics.Emitter
 	logger         *slog.Logger
 	stderrIsTTY    bool
+	// helpOnly: the arguments may ask for help; commands parse their flags
+	// and stop before touching configuration or the database.
+	helpOnly bool
 }
+
+// errNotHelp ends a helpOnly run whose "-h" turned out to be data (a value,
+// or an argument after "--"): the command then runs for real.
+var errNotHelp = errors.New("not a help request")
 
 type command func(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error
 
@@ -113,10 +120,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 	rest := args[1:]
 	if slices.ContainsFunc(rest, isHelpFlag) {
-		// Help needs neither configuration nor a database.
-		e := &env{stdout: stdout, stderr: stderr}
-		_ = cmd(ctx, e, nil, rest)
-		return exitOK
+		// Help needs neither configuration nor a database. Only the flag
+		// parser can tell "-h" the flag from "-h" the key or value.
+		e := &env{stdout: stdout, stderr: stderr, helpOnly: true}
+		switch err := cmd(ctx, e, nil, rest); {
+		case errors.Is(err, flag.ErrHelp):
+			return exitOK
+		case !errors.Is(err, errNotHelp):
+			return fail(err)
+		}
 	}
 	s, err := settings.FromEnv(getenv)
 	if err != nil {
@@ -243,19 +255,33 @@ func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 		return err
 	}
 	var s *sweep.Sweeper
+	emitter := e.metrics
+	var p *progress
 	if e.stderrIsTTY {
-		p := &progress{w: e.stderr, backlog: func() (int64, error) { return s.Backlog(ctx) }}
+		p = &progress{w: e.stderr, backlog: func() (int64, error) { return s.Backlog(ctx) }}
 		cfg.OnBatch = p.report
-		defer p.done()
+		if emitter != nil {
+			// An EMF line must start a line of its own, never follow the
+			// carriage-returned progress line.
+			emitter = metrics.New(p.lineWriter(), e.settings.MetricsNamespace)
+		}
 	}
-	if s, err = sweep.New(pool, cfg, parts, e.metrics); err != nil {
+	if s, err = sweep.New(pool, cfg, parts, emitter); err != nil {
 		var ce *sweep.ConfigError
-		if errors.As(err, &ce) && ce.Field == "BatchSize" {
-			return fmt.Errorf("--batch: %w", err)
+		if errors.As(err, &ce) {
+			switch ce.Field {
+			case "BatchSize":
+				return fmt.Errorf("--batch: %w", err)
+			case "MaxDuration":
+				return fmt.Errorf("--max-duration: %w", err)
+			}
 		}
 		return err
 	}
 	res, err := s.Run(ctx)
+	if p != nil {
+		p.done(res)
+	}
 	if err != nil {
 		// Say how far the run got before the error line.
 		_ = e.printJSON(res)
@@ -270,7 +296,7 @@ type progress struct {
 	backlog     func() (int64, error)
 	lastBacklog time.Time
 	left        string
-	printed     bool
+	open        bool // a progress line is on screen without its newline
 }
 
 func (p *progress) report(pr sweep.Progress) {
@@ -281,16 +307,47 @@ func (p *progress) report(pr sweep.Progress) {
 			p.left = fmt.Sprintf("%d", n)
 		}
 	}
-	rate := float64(pr.Moved) / max(pr.Elapsed.Seconds(), 0.001)
-	fmt.Fprintf(p.w, "\rsweep: %d rows moved in %d batches, %.0f rows/s, backlog left %s   ", pr.Moved, pr.Batches, rate, cmp.Or(p.left, "?"))
-	p.printed = true
+	p.line(pr.Moved, pr.Batches, pr.Elapsed, cmp.Or(p.left, "?"))
 }
 
-func (p *progress) done() {
-	if p.printed {
+func (p *progress) line(moved int64, batches int, elapsed time.Duration, left string) {
+	rate := float64(moved) / max(elapsed.Seconds(), 0.001)
+	fmt.Fprintf(p.w, "\rsweep: %d rows moved in %d batches, %.0f rows/s, backlog left %s   ", moved, batches, rate, left)
+	p.open = true
+}
+
+// done rewrites the progress line with the run's final figures (the backlog
+// counted after the last batch, not the last sample) and ends it.
+func (p *progress) done(res sweep.Result) {
+	if !p.open && res.Batches == 0 {
+		return
+	}
+	left := "?"
+	if res.Backlog >= 0 {
+		left = fmt.Sprintf("%d", res.Backlog)
+	}
+	p.line(res.Moved, res.Batches, time.Duration(res.DurationMS)*time.Millisecond, left)
+	p.end()
+}
+
+func (p *progress) end() {
+	if p.open {
 		fmt.Fprintln(p.w)
+		p.open = false
 	}
 }
+
+// lineWriter writes to the terminal after ending any open progress line.
+func (p *progress) lineWriter() io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		p.end()
+		return p.w.Write(b)
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 func cmdLookup(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
 	fs := newFlagSet("lookup", e)
@@ -386,6 +443,8 @@ func newFlagSet(name string, e *env) *flag.FlagSet {
 
 // parse parses flags that may come before or after exactly nPos positional
 // arguments ("lookup KEY --fingerprint X" as well as "lookup --fingerprint X KEY").
+// Everything after "--" is positional, so a key that looks like a flag
+// ("lookup -- -h") is data.
 func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) {
 	var pos []string
 	for {
@@ -398,12 +457,23 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 			}
 			return nil, errors.New(strings.TrimSpace(err.Error()))
 		}
+		// The flag package drops a "--" that ends the flags: whatever
+		// follows it is positional, however it looks.
+		consumed := len(args) - len(fs.Args())
+		terminated := consumed > 0 && args[consumed-1] == "--"
 		args = fs.Args()
+		if terminated {
+			pos = append(pos, args...)
+			break
+		}
 		if len(args) == 0 {
 			break
 		}
 		pos = append(pos, args[0])
 		args = args[1:]
+	}
+	if e.helpOnly {
+		return nil, errNotHelp
 	}
 	if len(pos) != nPos {
 		return nil, fmt.Errorf("want %d argument(s), got %d: %q", nPos, len(pos), pos)

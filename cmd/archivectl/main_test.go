@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/sweep"
 )
@@ -184,6 +185,36 @@ func TestUnreachableDatabaseIsOneLine(t *testing.T) {
 	require.NotContains(t, r.stderr, "pw@")
 }
 
+// A key or value that looks like a flag is data: no panic, no help text, a
+// real answer from the database.
+func TestFlagLookingKeysAreData(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "-h", Status: 201, ExpiredAt: time.Now().Add(-time.Hour)})
+
+	r := cli(t, db, nil, "lookup", "--", "-h")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"original_status": 201`)
+
+	r = cli(t, db, nil, "lookup", "--", "--help")
+	require.Equal(t, exitNo, r.code, r.stderr)
+	require.Contains(t, r.stderr, `"--help" is not in the archive`)
+
+	from, to := time.Now().Add(-48*time.Hour).UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339)
+	r = cli(t, db, nil, "query", "--scope-prefix", "-h", "--created-from", from, "--created-to", to)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"scoped_key": "-h"`)
+
+	// -h as a flag is still help, needing no database.
+	r = cli(t, nil, map[string]string{"DATABASE_URL": ""}, "lookup", "-h")
+	require.Equal(t, exitOK, r.code)
+	require.Contains(t, r.stderr, "usage of archivectl lookup")
+	// A bad flag next to a data "-h" is one clear line.
+	r = cli(t, nil, map[string]string{"DATABASE_URL": ""}, "lookup", "--bogus", "--", "-h")
+	requireOneLineError(t, r, "flag provided but not defined: -bogus")
+}
+
 func TestHelp(t *testing.T) {
 	t.Parallel()
 	r := cli(t, nil, nil, "--help")
@@ -198,8 +229,44 @@ func TestProgressLineOverwritesItself(t *testing.T) {
 	var buf bytes.Buffer
 	p := &progress{w: &buf, backlog: func() (int64, error) { return 1234, nil }}
 	p.report(sweep.Progress{Batches: 3, Moved: 30000, Elapsed: 2 * time.Second})
-	p.done()
-	require.Equal(t, "\rsweep: 30000 rows moved in 3 batches, 15000 rows/s, backlog left 1234   \n", buf.String())
+	// An EMF line written while the progress line is open starts a line of
+	// its own: a log shipper reading the terminal gets JSON lines.
+	em := metrics.New(p.lineWriter(), "Test")
+	em.Emit(metrics.Count(metrics.ArchivedTotal, 30000))
+	// The final line carries the backlog counted after the run, not the
+	// last sample.
+	p.done(sweep.Result{Batches: 4, Moved: 40000, DurationMS: 4000, Backlog: 0})
+	lines := strings.Split(buf.String(), "\n")
+	require.Len(t, lines, 4, buf.String())
+	require.Equal(t, "\rsweep: 30000 rows moved in 3 batches, 15000 rows/s, backlog left 1234   ", lines[0])
+	require.True(t, json.Valid([]byte(lines[1])), "the EMF line is JSON on its own: %q", lines[1])
+	require.Equal(t, "\rsweep: 40000 rows moved in 4 batches, 10000 rows/s, backlog left 0   ", lines[2])
+	require.Empty(t, lines[3])
+}
+
+// An interrupted sweep fails the same way whether the signal lands during a
+// batch or during the pause between batches.
+func TestAnInterruptedSweepIsAnErrorWhereverItLands(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	for i := range 50 {
+		dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("k%02d", i), Status: 201, ExpiresAt: time.Now().Add(-time.Hour)})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errb bytes.Buffer
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return db.URL
+		}
+		return ""
+	}
+	// A long pause: the cancel lands while the sweep sleeps after batch 1.
+	go func() { time.Sleep(500 * time.Millisecond); cancel() }()
+	code := run(ctx, []string{"sweep", "--batch", "1", "--pause", "1h"}, &out, &errb, getenv)
+	require.Equal(t, exitError, code, errb.String())
+	require.Contains(t, errb.String(), "sweep canceled after 1 batches")
+	require.Contains(t, out.String(), `"stopped": "canceled"`)
 }
 
 func TestHostileRetentionLosesNoRow(t *testing.T) {

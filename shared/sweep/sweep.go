@@ -340,6 +340,9 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	for {
 		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
 			res.Stopped = stop
+			if stop == StoppedCanceled {
+				return res, canceled(ctx, res)
+			}
 			if stop == StoppedDeadline && res.Batches == 0 {
 				deadline, _ := ctx.Deadline()
 				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin}
@@ -371,6 +374,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		if err != nil {
 			if ctx.Err() != nil {
 				res.Stopped = StoppedCanceled
+				return res, canceled(ctx, res)
 			}
 			return res, fmt.Errorf("sweep batch %d: %w", res.Batches+1, err)
 		}
@@ -388,10 +392,19 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		if s.cfg.Pause > 0 {
 			if err := s.sleep(ctx, jitter(s.cfg.Pause)); err != nil {
 				res.Stopped = StoppedCanceled
-				return res, nil
+				return res, canceled(ctx, res)
 			}
 		}
 	}
+}
+
+// ErrCanceled reports a run whose context was canceled (SIGTERM, Ctrl-C, a
+// caller giving up), whether during a batch or a pause: an interrupted run
+// is an error wherever it was interrupted. Batches already done stay done.
+var ErrCanceled = errors.New("sweep canceled")
+
+func canceled(ctx context.Context, res Result) error {
+	return fmt.Errorf("%w after %d batches (%d rows moved): %w", ErrCanceled, res.Batches, res.Moved, context.Cause(ctx))
 }
 
 func (s *Sweeper) shouldStop(ctx context.Context, start time.Time, batches int) string {
