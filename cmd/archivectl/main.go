@@ -138,7 +138,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		stdout:   stdout,
 		stderr:   stderr,
 		settings: s,
-		logger:   slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		// JSON, like every other log line the project writes.
+		logger: slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 	if f, ok := stderr.(*os.File); ok {
 		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
@@ -514,6 +515,25 @@ func (e *env) printJSON(v any) error {
 
 // oneLine keeps an error message on one line, so that errors never look like
 // stack traces.
+// A multi-line error (pgx reports each connection attempt on a line of its
+// own, often the same one twice) keeps each distinct line once.
 func oneLine(err error) string {
-	return strings.Join(strings.Fields(err.Error()), " ")
+	var parts []string
+	for _, line := range strings.Split(err.Error(), "\n") {
+		if line = strings.Join(strings.Fields(line), " "); line != "" && !slices.Contains(parts, line) {
+			parts = append(parts, line)
+		}
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		if i > 0 {
+			if strings.HasSuffix(parts[i-1], ":") {
+				b.WriteString(" ")
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(p)
+	}
+	return b.String()
 }

@@ -57,9 +57,17 @@ func TestRunbookEndToEnd(t *testing.T) {
 	// migrate is idempotent
 	r := cli(t, db, nil, "migrate")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var mig struct{ FromVersion, ToVersion int32 }
+	var mig struct {
+		From          int32    `json:"from_version"`
+		To            int32    `json:"to_version"`
+		RolesCreated  []string `json:"roles_created"`
+		GrantsApplied bool     `json:"grants_applied"`
+	}
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &mig))
-	require.Equal(t, mig.FromVersion, mig.ToVersion, "dbtest already migrated")
+	require.EqualValues(t, 4, mig.To)
+	require.Equal(t, mig.From, mig.To, "dbtest already migrated")
+	require.Empty(t, mig.RolesCreated, "the roles existed: none was created")
+	require.True(t, mig.GrantsApplied)
 
 	// partitions: dry run prints DDL, the real run a JSON summary
 	r = cli(t, db, nil, "partitions", "--dry-run")
@@ -178,11 +186,30 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 	}
 }
 
+// A migration into an empty schema logs JSON lines, like everything else.
+func TestMigrateLogsJSON(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	empty := db.Schema + "_empty"
+	_, err := db.Pool.Exec(context.Background(), "CREATE SCHEMA "+empty)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+empty+" CASCADE") })
+	r := cli(t, nil, map[string]string{"DATABASE_URL": dbtest.WithSearchPath(t, db.URL, empty)}, "migrate")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	require.NotEmpty(t, lines)
+	for _, line := range lines {
+		require.True(t, json.Valid([]byte(line)), "not a JSON log line: %q", line)
+	}
+	require.Contains(t, r.stderr, `"msg":"applying migration"`)
+}
+
 func TestUnreachableDatabaseIsOneLine(t *testing.T) {
 	t.Parallel()
 	r := cli(t, nil, map[string]string{"DATABASE_URL": "postgres://nobody:pw@127.0.0.1:1/x?connect_timeout=2"}, "verify")
 	requireOneLineError(t, r, "connect")
 	require.NotContains(t, r.stderr, "pw@")
+	require.Equal(t, 1, strings.Count(r.stderr, "connection refused"), "each distinct failure once: %s", r.stderr)
 }
 
 // A key or value that looks like a flag is data: no panic, no help text, a

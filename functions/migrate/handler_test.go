@@ -239,6 +239,20 @@ func TestFailuresAreReportedWithTheirReason(t *testing.T) {
 	require.EqualValues(t, 0, count(t, b, "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"))
 }
 
+// A user name that is the migrating user or another privileged role is never
+// taken over: granting it rds_iam would turn off its password sign-in (on
+// RDS the master user would be locked out), and no function may run with
+// its powers.
+func TestAPrivilegedUserIsNeverTakenOver(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var me string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT current_user").Scan(&me))
+	resp := b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { p["OwnerUser"] = me }))
+	require.Equal(t, cfn.StatusFailed, resp.Status)
+	require.Contains(t, resp.Reason, "is the migrating user or a privileged role")
+}
+
 func TestDatabaseFailureFailsTheDeployWithTheReason(t *testing.T) {
 	t.Parallel()
 	// GIVEN a function whose search_path names a schema that does not exist

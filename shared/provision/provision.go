@@ -122,7 +122,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 	}
 	res.Schema, err = schema.Migrate(ctx, conn.Conn(), logger)
 	if err == nil {
-		res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, res.Schema.RolesCreated, logger)
+		res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, res.Schema.GrantsApplied, logger)
 	}
 	conn.Release()
 	if err != nil {
@@ -136,13 +136,13 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 
 // ensureUsers creates each named user (WITH LOGIN, no password) and grants it
 // its group role, and rds_iam where that exists.
-func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, rolesCreated bool, logger *slog.Logger) ([]User, error) {
+func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, mayCreateRoles bool, logger *slog.Logger) ([]User, error) {
 	wanted := []User{{Name: users.Sweeper, Role: schema.SweeperRole}, {Name: users.Reader, Role: schema.ReaderRole}, {Name: users.Owner, Role: schema.OwnerRole}}
 	out := []User{}
 	if users == (Users{}) {
 		return out, nil
 	}
-	if !rolesCreated {
+	if !mayCreateRoles {
 		return out, errors.New("cannot create the functions' database users: the migrating user may not create roles (it needs CREATEROLE, as the RDS master user has)")
 	}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -161,9 +161,21 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, rolesCreated 
 			}
 			ident := pgx.Identifier{u.Name}.Sanitize()
 			var exists, canLogin bool
-			err := tx.QueryRow(ctx, "SELECT true, rolcanlogin FROM pg_roles WHERE rolname = $1", u.Name).Scan(&exists, &canLogin)
+			var privileged bool
+			err := tx.QueryRow(ctx, `
+				SELECT true, rolcanlogin,
+				       rolname IN (current_user, session_user) OR rolsuper OR rolcreaterole OR rolbypassrls
+				       OR pg_has_role(oid, 'pg_write_all_data', 'MEMBER')
+				       OR EXISTS (SELECT 1 FROM pg_roles s WHERE s.rolname = 'rds_superuser' AND pg_has_role(r.oid, s.oid, 'MEMBER'))
+				  FROM pg_roles r WHERE rolname = $1`, u.Name).Scan(&exists, &canLogin, &privileged)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("look up user %s: %w", u.Name, err)
+			}
+			if exists && privileged {
+				// Granting rds_iam to such a user would turn off its
+				// password sign-in (on RDS the master user would be locked
+				// out), and a function must never run with its powers.
+				return fmt.Errorf("user %s exists and is the migrating user or a privileged role: a function needs a user of its own; choose another name", u.Name)
 			}
 			if !exists {
 				if _, err := tx.Exec(ctx, "CREATE ROLE "+ident+" LOGIN"); err != nil {

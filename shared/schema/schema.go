@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
@@ -45,9 +46,14 @@ const (
 
 // Result reports what Migrate did.
 type Result struct {
-	FromVersion  int32 `json:"from_version"`
-	ToVersion    int32 `json:"to_version"`
-	RolesCreated bool  `json:"roles_created"`
+	FromVersion int32 `json:"from_version"`
+	ToVersion   int32 `json:"to_version"`
+	// RolesCreated names the roles this run created: empty when they all
+	// existed, or when the connecting user may not create roles.
+	RolesCreated []string `json:"roles_created"`
+	// GrantsApplied says the roles' grants were (re)applied; false when the
+	// connecting user may not create roles (a warning is logged).
+	GrantsApplied bool `json:"grants_applied"`
 }
 
 // Migrate applies every pending migration and then (re)applies the role grants.
@@ -58,7 +64,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) (Result, 
 
 // migrateTo migrates to version target, or to the latest when target < 0.
 func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target int32) (Result, error) {
-	var res Result
+	res := Result{RolesCreated: []string{}}
 	schemaName, err := currentSchema(ctx, conn)
 	if err != nil {
 		return res, err
@@ -99,7 +105,7 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 		// An older version (tests of upgrades): its grants are not these.
 		return res, nil
 	}
-	res.RolesCreated, err = ensureRoles(ctx, conn, logger)
+	res.RolesCreated, res.GrantsApplied, err = ensureRoles(ctx, conn, logger)
 	return res, err
 }
 
@@ -116,17 +122,19 @@ func currentSchema(ctx context.Context, conn *pgx.Conn) (string, error) {
 
 // ensureRoles creates the least-privilege roles and their grants when the
 // connecting user may create roles, and logs why it skipped them otherwise.
-func ensureRoles(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) (bool, error) {
+// It returns the roles it created and whether it applied the grants.
+func ensureRoles(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) ([]string, bool, error) {
+	created := []string{}
 	var mayCreate bool
 	err := conn.QueryRow(ctx,
 		"SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user").Scan(&mayCreate)
 	if err != nil {
-		return false, fmt.Errorf("check role privileges: %w", err)
+		return created, false, fmt.Errorf("check role privileges: %w", err)
 	}
+	roles := []string{OwnerRole, SweeperRole, ReaderRole, WriterRole}
 	if !mayCreate {
-		logger.WarnContext(ctx, "skipping least-privilege roles: the connecting user may not create roles",
-			"roles", []string{OwnerRole, SweeperRole, ReaderRole, WriterRole})
-		return false, nil
+		logger.WarnContext(ctx, "skipping least-privilege roles: the connecting user may not create roles", "roles", roles)
+		return created, false, nil
 	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		// Role DDL is cluster-wide and races between concurrent migrators
@@ -134,11 +142,22 @@ func ensureRoles(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) (bool
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('idempotency_archive roles', 0))"); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, rolesSQL)
-		return err
+		var existing []string
+		if err := tx.QueryRow(ctx, "SELECT coalesce(array_agg(rolname::text), '{}') FROM pg_roles WHERE rolname = ANY($1)", roles).Scan(&existing); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, rolesSQL); err != nil {
+			return err
+		}
+		for _, r := range roles {
+			if !slices.Contains(existing, r) {
+				created = append(created, r)
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("create roles and grants: %w", err)
+		return []string{}, false, fmt.Errorf("create roles and grants: %w", err)
 	}
-	return true, nil
+	return created, true, nil
 }
