@@ -64,7 +64,7 @@ func TestRunbookEndToEnd(t *testing.T) {
 		GrantsApplied bool     `json:"grants_applied"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &mig))
-	require.EqualValues(t, 4, mig.To)
+	require.EqualValues(t, 5, mig.To)
 	require.Equal(t, mig.From, mig.To, "dbtest already migrated")
 	require.Empty(t, mig.RolesCreated, "the roles existed: none was created")
 	require.True(t, mig.GrantsApplied)

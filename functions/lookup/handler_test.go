@@ -247,3 +247,37 @@ func TestInternalErrorsLeakNothing(t *testing.T) {
 	require.Contains(t, logs, "lookup failed")
 	require.NotContains(t, logs, "hunter2", "the password never reaches the logs")
 }
+
+// A query that cannot finish before the invocation's deadline (the archive
+// is locked by a migration, say) is answered 503 timeout before Lambda's own
+// timeout cuts the function off.
+func TestAQueryThatRunsOutOfTimeIs503Timeout(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	env, _, _ := testenv.FunctionEnv(t, db, nil)
+	h := lambda.NewHandler(newHandler(env))
+	ctx := context.Background()
+	// Warm the function: its pool and prepared statements exist.
+	_, err := h.Invoke(testenv.Invocation("req-warm"), v2("GET", "/v1/archive/keys/idem:v1:probe", nil))
+	require.NoError(t, err)
+
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_key_archive IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	inv, cancel := context.WithTimeout(testenv.Invocation("req-slow"), time.Second)
+	defer cancel()
+	deadline, _ := inv.Deadline()
+	out, err := h.Invoke(inv, v2("GET", "/v1/archive/keys/idem:v1:probe", nil))
+	require.NoError(t, err)
+	require.True(t, time.Now().Before(deadline), "answered before the invocation's deadline")
+	var resp events.APIGatewayV2HTTPResponse
+	require.NoError(t, json.Unmarshal(out, &resp))
+	require.Equal(t, 503, resp.StatusCode, resp.Body)
+	var p problem
+	require.NoError(t, json.Unmarshal([]byte(resp.Body), &p))
+	require.Equal(t, "timeout", p.Code)
+}

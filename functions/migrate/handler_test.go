@@ -167,7 +167,7 @@ func TestCreateMigratesCreatesUsersAndPartitions(t *testing.T) {
 	require.Equal(t, PhysicalID, resp.PhysicalResourceID)
 	require.Equal(t, "MigrationSchema8F783001", resp.LogicalResourceID)
 	require.Equal(t, "5d478078-13e9-baf0-464a-7ef285ecc786", resp.RequestID)
-	require.EqualValues(t, 4, resp.Data["SchemaVersion"])
+	require.EqualValues(t, 5, resp.Data["SchemaVersion"])
 	require.EqualValues(t, 5, resp.Data["PartitionsCreated"])
 
 	// AND the schema is migrated and partitioned

@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -52,7 +53,18 @@ var (
 	ErrInvalidQuery = errors.New("archive: invalid query")
 	// ErrInvalidCursor means a paging cursor was not one this package issued.
 	ErrInvalidCursor = errors.New("archive: invalid cursor")
+	// ErrTimeout means a query ran out of time: its statement timeout, or
+	// the caller's deadline.
+	ErrTimeout = errors.New("archive: the query ran out of time")
 )
+
+// DefaultStatementTimeout bounds each lookup and investigation query.
+const DefaultStatementTimeout = 3 * time.Second
+
+// deadlineMargin is kept free before the caller's deadline: a query's
+// statement timeout ends that much before it, so the caller still has time
+// to answer "timeout" rather than being cut off itself.
+const deadlineMargin = 100 * time.Millisecond
 
 // MaxScopedKeyBytes bounds scoped keys accepted for lookup.
 const MaxScopedKeyBytes = 512
@@ -72,6 +84,11 @@ type Config struct {
 	MaxLiveTTL time.Duration
 	// MaxPageSize caps the investigation query's page. Default 1,000.
 	MaxPageSize int
+	// StatementTimeout bounds each query (statement_timeout, set for that
+	// query alone), and is shortened further to end before the context's
+	// deadline. Default DefaultStatementTimeout; whole milliseconds, 1ms to
+	// 15 minutes.
+	StatementTimeout time.Duration
 	// Now returns the current time. Default time.Now.
 	Now func() time.Time
 }
@@ -81,6 +98,7 @@ func (c Config) WithDefaults() Config {
 	c.LiveTTL = cmp.Or(c.LiveTTL, 24*time.Hour)
 	c.MaxLiveTTL = cmp.Or(c.MaxLiveTTL, max(7*24*time.Hour, c.LiveTTL))
 	c.MaxPageSize = cmp.Or(c.MaxPageSize, 1000)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -97,6 +115,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPageSize < 1 {
 		return errors.New("max page size must be positive")
+	}
+	if c.StatementTimeout < time.Millisecond || c.StatementTimeout%time.Millisecond != 0 || c.StatementTimeout > 15*time.Minute {
+		return fmt.Errorf("statement timeout must be a whole number of milliseconds from 1ms to 15m, got %s", c.StatementTimeout)
 	}
 	return nil
 }
@@ -179,20 +200,62 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 		if err != nil {
 			return err
 		}
-		return r.pool.QueryRow(ctx, lookupSQL, scopedKey, earliest).
-			Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived)
+		return r.bounded(ctx, func(b *pgx.Batch) {
+			b.Queue(lookupSQL, scopedKey, earliest).QueryRow(func(row pgx.Row) error {
+				return row.Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived)
+			})
+		})
 	})
 	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return rec, ErrNotFound
 	}
 	if err != nil {
-		return rec, fmt.Errorf("archive lookup: %w", err)
+		return rec, fmt.Errorf("archive lookup: %w", timeoutError(ctx, err))
 	}
 	rec.Status = int(status)
 	rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
 	rec.FingerprintMatch = compareFingerprints(fingerprint, archived)
 	return rec, nil
+}
+
+// bounded runs the queries queue adds in one round trip, after a
+// set_config that bounds them with a statement timeout: the configured one,
+// shortened to end deadlineMargin before ctx's deadline. The batch runs as
+// one implicit transaction, so the setting is local to it and is gone
+// before the connection returns to the pool.
+func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
+	timeout := r.cfg.StatementTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline)-deadlineMargin)
+	}
+	if timeout < time.Millisecond {
+		return context.DeadlineExceeded
+	}
+	// The server enforces the timeout; the context backs it up where the
+	// server cannot: a statement prepared before the batch runs (the
+	// cache_statement mode prepares on a connection's first use), or a
+	// connection that stops answering.
+	backstop := time.Now().Add(timeout + time.Second)
+	if deadline, ok := ctx.Deadline(); ok && deadline.Add(-deadlineMargin/2).Before(backstop) {
+		backstop = deadline.Add(-deadlineMargin / 2)
+	}
+	ctx, cancel := context.WithDeadline(ctx, backstop)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('statement_timeout', $1, true)", strconv.FormatInt(timeout.Milliseconds(), 10)+"ms")
+	queue(b)
+	return r.pool.SendBatch(ctx, b).Close()
+}
+
+// timeoutError turns a cancelled statement or an expired deadline into
+// ErrTimeout (still matching the original error).
+func timeoutError(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	if (errors.As(err, &pgErr) && pgErr.Code == "57014") || errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	return err
 }
 
 // compareFingerprints says whether two fingerprints match: true when equal,
@@ -321,25 +384,24 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 		return page, err
 	}
 	err = tracing.Span(ctx, "archive.investigate", func(ctx context.Context) error {
-		rows, err := r.pool.Query(ctx, querySQL, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var rec Record
-			var status int16
-			if err := rows.Scan(&rec.ScopedKey, &status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt); err != nil {
-				return err
-			}
-			rec.Status = int(status)
-			rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
-			page.Records = append(page.Records, rec)
-		}
-		return rows.Err()
+		return r.bounded(ctx, func(b *pgx.Batch) {
+			b.Queue(querySQL, args...).Query(func(rows pgx.Rows) error {
+				for rows.Next() {
+					var rec Record
+					var status int16
+					if err := rows.Scan(&rec.ScopedKey, &status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt); err != nil {
+						return err
+					}
+					rec.Status = int(status)
+					rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
+					page.Records = append(page.Records, rec)
+				}
+				return rows.Err()
+			})
+		})
 	})
 	if err != nil {
-		return page, fmt.Errorf("archive investigation query: %w", err)
+		return Page{Records: []Record{}}, fmt.Errorf("archive investigation query: %w", timeoutError(ctx, err))
 	}
 	// One row more than the page was read to learn whether another page exists.
 	if len(page.Records) > limit {

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
@@ -277,4 +278,91 @@ func TestInvestigate(t *testing.T) {
 		_, err := r.Investigate(ctx, archive.Query{ScopePrefix: "idem:", CreatedFrom: day(1), CreatedTo: day(2), Cursor: cur})
 		require.ErrorIs(t, err, archive.ErrInvalidCursor, cur)
 	}
+}
+
+// Every query is bounded: a lookup or investigation that cannot finish within
+// its statement timeout (or the caller's deadline) is ErrTimeout, in every
+// execution mode (exec and simple_protocol are the RDS Proxy modes), and the
+// timeout is the query's alone: the connection goes back to the pool with
+// its own statement_timeout.
+func TestQueriesAreBoundedByAStatementTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := "idem:v1:" + ulid(now.Add(-time.Hour))
+	q := archive.Query{ScopePrefix: "idem:", CreatedFrom: now.Add(-time.Hour), CreatedTo: now}
+	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			pool, err := database.Open(ctx, database.Config{URL: b.db.URL, ExecMode: mode, MaxConns: 1}, nil)
+			require.NoError(t, err)
+			defer pool.Close()
+			r, err := archive.NewReader(pool, archive.Config{StatementTimeout: 300 * time.Millisecond}, nil)
+			require.NoError(t, err)
+			_, err = r.Lookup(ctx, key, nil)
+			require.ErrorIs(t, err, archive.ErrNotFound, "the reader works")
+
+			// Someone holds the archive exclusively: every query waits.
+			tx, err := b.db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, "LOCK TABLE idempotency_key_archive IN ACCESS EXCLUSIVE MODE")
+			require.NoError(t, err)
+			start := time.Now()
+			_, err = r.Lookup(ctx, key, nil)
+			require.ErrorIs(t, err, archive.ErrTimeout)
+			_, err = r.Investigate(ctx, q)
+			require.ErrorIs(t, err, archive.ErrTimeout)
+			require.Less(t, time.Since(start), 5*time.Second)
+			// A caller's deadline shorter than the statement timeout wins.
+			short, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+			_, err = r.Lookup(short, key, nil)
+			cancel()
+			require.ErrorIs(t, err, archive.ErrTimeout)
+			require.NoError(t, tx.Rollback(ctx))
+
+			var setting string
+			require.NoError(t, pool.QueryRow(ctx, "SHOW statement_timeout").Scan(&setting))
+			require.Equal(t, "0", setting, "the statement timeout stayed with its query")
+		})
+	}
+	_, err := archive.NewReader(nil, archive.Config{StatementTimeout: 500 * time.Microsecond}, nil)
+	require.ErrorContains(t, err, "statement timeout")
+}
+
+// An investigation with a narrow created_at window over a broad prefix reads
+// what it returns plus a bounded overhead, not every row of the month.
+func TestANarrowInvestigationReadsLittle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	// 60,000 rows over one day, inserted in created_at order as the sweeper
+	// moves them.
+	start := now.Add(-3 * 24 * time.Hour).Truncate(24 * time.Hour)
+	_, err := b.db.Pool.Exec(ctx, `
+		INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		SELECT 'idem:v1:' || md5(i::text), sha256(i::text::bytea), 201, 'ch_' || i,
+		       $1::timestamptz + i * interval '1440 milliseconds', $1::timestamptz + i * interval '1440 milliseconds' + interval '1 day'
+		  FROM generate_series(1, 60000) AS i`, start)
+	require.NoError(t, err)
+	// What autovacuum does to an insert-only table: summarize the BRIN
+	// ranges and gather statistics.
+	_, err = b.db.Pool.Exec(ctx, "VACUUM ANALYZE idempotency_key_archive")
+	require.NoError(t, err)
+
+	r := newReader(t, b.reader, nil)
+	from := start.Add(12 * time.Hour)
+	q := archive.Query{ScopePrefix: "idem:", CreatedFrom: from, CreatedTo: from.Add(10 * time.Second), Limit: 100}
+	page, err := r.Investigate(ctx, q)
+	require.NoError(t, err)
+	require.Len(t, page.Records, 7, "rows every 1.44s in a 10s window")
+
+	var plan []map[string]any
+	var raw []byte
+	require.NoError(t, b.reader.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+archive.QuerySQL, archive.QueryArgs(r, q)...).Scan(&raw))
+	require.NoError(t, json.Unmarshal(raw, &plan))
+	top := plan[0]["Plan"].(map[string]any)
+	buffers := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
+	var heapPages int64
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT sum(relpages) FROM pg_class WHERE relname LIKE 'idempotency_key_archive_2%' AND relkind = 'r'").Scan(&heapPages))
+	t.Logf("read %v blocks of %d heap pages", buffers, heapPages)
+	require.Less(t, buffers, float64(heapPages)/10, "a 10-second window read more than a tenth of the archive: %s", raw)
 }

@@ -61,6 +61,7 @@ var problems = []struct {
 	{ErrBadRequest, http.StatusBadRequest, "bad_request"},
 	{ErrRouteNotFound, http.StatusNotFound, "route_not_found"},
 	{ErrMethodNotAllowed, http.StatusMethodNotAllowed, "method_not_allowed"},
+	{archive.ErrTimeout, http.StatusServiceUnavailable, "timeout"},
 	{context.DeadlineExceeded, http.StatusServiceUnavailable, "timeout"},
 }
 

@@ -146,7 +146,7 @@ func TestUpgradeRecordsUnboundedWriters(t *testing.T) {
 	require.NoError(t, err)
 	res, err := schema.Migrate(ctx, conn, logger)
 	require.NoError(t, err)
-	require.EqualValues(t, 4, res.ToVersion)
+	require.EqualValues(t, 5, res.ToVersion)
 	var bounded bool
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*), bool_and(bounded) FROM idempotency_writers").Scan(&n, &bounded))

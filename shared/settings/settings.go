@@ -55,6 +55,7 @@ var Variables = []Variable{
 	{"METRICS_NAMESPACE", metrics.DefaultNamespace, "CloudWatch namespace of the EMF metrics: 1 to 255 of A-Z a-z 0-9 . - _ / # :, not starting with : or AWS/"},
 	{"LIVE_TTL", "24h", "how long the live store keeps a key"},
 	{"MAX_LIVE_TTL", "168h", "longest TTL any writer has used; bounds the partitions an investigation reads"},
+	{"ARCHIVE_STATEMENT_TIMEOUT", "3s", "statement_timeout of each archive lookup and investigation query, shortened to end before the invocation's deadline; whole milliseconds, 1ms to 15m"},
 	{"CLOCK_SKEW", "5m", "how far ahead of the store's clock a ULID/UUIDv7 key's timestamp may lie; 0 to 1h, 0 allows none; a key further ahead is answered from the archive or refused with 400"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
 	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%); 0 means no pause"},
@@ -100,6 +101,8 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		Archive: archive.Config{
 			LiveTTL:    r.positiveDuration("LIVE_TTL"),
 			MaxLiveTTL: r.positiveDuration("MAX_LIVE_TTL"),
+			// Zero would only mean the default: refused when set.
+			StatementTimeout: r.positiveDuration("ARCHIVE_STATEMENT_TIMEOUT"),
 		},
 		ClockSkew: r.durationOr("CLOCK_SKEW", keytime.DefaultClockSkew),
 	}
@@ -137,7 +140,7 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		return s, fmt.Errorf("%s: %w", partitionVariable(err), err)
 	}
 	if err := s.Archive.WithDefaults().Validate(); err != nil {
-		return s, fmt.Errorf("LIVE_TTL/MAX_LIVE_TTL: %w", err)
+		return s, fmt.Errorf("LIVE_TTL/MAX_LIVE_TTL/ARCHIVE_STATEMENT_TIMEOUT: %w", err)
 	}
 	return s, nil
 }

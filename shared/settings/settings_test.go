@@ -190,7 +190,7 @@ func TestPartitionRetentionIsBounded(t *testing.T) {
 // forever) is honoured.
 func TestZeroIsNeverTheDefault(t *testing.T) {
 	for _, name := range []string{
-		"LIVE_TTL", "MAX_LIVE_TTL", "SWEEP_BATCH_SIZE", "SWEEP_LOCK_TIMEOUT", "SWEEP_STATEMENT_TIMEOUT",
+		"LIVE_TTL", "MAX_LIVE_TTL", "ARCHIVE_STATEMENT_TIMEOUT", "SWEEP_BATCH_SIZE", "SWEEP_LOCK_TIMEOUT", "SWEEP_STATEMENT_TIMEOUT",
 		"SWEEP_DEADLINE_MARGIN", "PARTITION_LEAD_MONTHS", "PARTITION_LOCK_TIMEOUT", "PARTITION_STATEMENT_TIMEOUT",
 	} {
 		value := "0"
