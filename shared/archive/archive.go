@@ -299,26 +299,32 @@ SELECT CASE WHEN bool_or(NOT bounded) THEN NULL ELSE coalesce(max(skew_ms), 0) E
 
 func (r *Reader) readReach(ctx context.Context) (time.Duration, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.reachRead.IsZero() && time.Since(r.reachRead) < reachTTL {
-		return r.reach, nil
+	reach, read := r.reach, r.reachRead
+	r.mu.Unlock()
+	if !read.IsZero() && time.Since(read) < reachTTL {
+		return reach, nil
 	}
+	// Not under the lock: one slow caller must not hold up the others.
 	var ms *int64
 	if err := r.pool.QueryRow(ctx, reachSQL).Scan(&ms); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-			// A schema migrated before writers recorded their bounds
-			// (run migrate): nothing is bounded.
+		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42501") {
+			// A schema migrated before writers recorded their bounds (run
+			// migrate), or a role without SELECT on idempotency_writers
+			// (grant idempotency_reader): nothing is bounded, every
+			// partition is read. Correct, only slower.
 			return -1, nil
 		}
 		return 0, fmt.Errorf("read the writers' clock skews: %w", err)
 	}
-	r.reach = -1
+	reach = -1
 	if ms != nil {
-		r.reach = max(keytime.MaxClockSkew, time.Duration(*ms)*time.Millisecond)
+		reach = max(keytime.MaxClockSkew, time.Duration(*ms)*time.Millisecond)
 	}
-	r.reachRead = time.Now()
-	return r.reach, nil
+	r.mu.Lock()
+	r.reach, r.reachRead = reach, time.Now()
+	r.mu.Unlock()
+	return reach, nil
 }
 
 func validateKey(k string) error {

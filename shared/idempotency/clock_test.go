@@ -22,7 +22,9 @@ import (
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/livestore"
+	"github.com/idemarchive/idemarchive/shared/schema"
 	"github.com/idemarchive/idemarchive/shared/sweep"
+	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
 // keyKind is how a client mints its keys.
@@ -382,4 +384,125 @@ func mustProblemCode(body []byte) string {
 	}
 	s = s[i+len(marker):]
 	return s[:strings.IndexByte(s, '"')]
+}
+
+// Writers with different skews share one store (a rolling deploy that lowers
+// CLOCK_SKEW, several services on one table). A key one of them stored is
+// answered from its entry by all of them, never refused as "ahead".
+func TestAKeyStoredByAWiderSkewIsAnsweredByEveryWriter(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		h := &charges{}
+		wide := b.middleware(t, idempotency.Config{ClockSkew: time.Hour}).Wrap(h)
+		narrow := b.middleware(t, idempotency.Config{ClockSkew: 5 * time.Minute}).Wrap(h)
+		key := mintKey(ulidKey, time.Now().Add(30*time.Minute))
+		require.Equal(t, 201, post(wide, key, `{}`).Code)
+		w := post(narrow, key, `{}`)
+		require.Equal(t, 201, w.Code, w.Body.String())
+		require.Equal(t, "true", w.Header().Get(idempotency.HeaderReplayed))
+		require.EqualValues(t, 1, h.calls.Load())
+	})
+}
+
+// The Redis store archives at completion; a Postgres store sharing the
+// archive must never skip the lookup for a key the Redis store ran.
+func TestRedisRowsAreNeverSkippedByAPostgresStore(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	client, prefix := testenv.Redis(t)
+	h := &charges{}
+	mr, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, b.db.Pool, prefix), Archive: b.reader, SingleTenant: true, ClockSkew: 5 * time.Minute})
+	require.NoError(t, err)
+	key := mintKey(uuidv7Key, time.Now())
+	require.Equal(t, 201, post(mr.Wrap(h), key, `{}`).Code)
+	w := post(b.middleware(t, idempotency.Config{ClockSkew: 5 * time.Minute}).Wrap(h), key, `{}`)
+	require.Equal(t, 409, w.Code, w.Body.String())
+	require.EqualValues(t, 1, h.calls.Load())
+
+	// And its TTL is bounded by the partitions that exist ahead.
+	_, err = idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, b.db.Pool, prefix), SingleTenant: true, LiveTTL: 100000 * time.Hour})
+	require.ErrorContains(t, err, "longer than this store allows")
+}
+
+// A request that outlives the TTL with the Redis store: retries meanwhile get
+// 409 expired (in flight), and its outcome is archived when it completes.
+func TestARedisRequestThatOutlivesItsTTLNeverRunsTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	slow := &charges{block: make(chan struct{}), started: make(chan struct{}, 1)}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Second}).Wrap(slow)
+	key := mintKey(plainKey, time.Now())
+	done := make(chan int)
+	go func() { done <- post(srv, key, `{}`).Code }()
+	<-slow.started
+	time.Sleep(1200 * time.Millisecond)
+	w := post(srv, key, `{}`)
+	require.Equal(t, 409, w.Code, w.Body.String())
+	require.Equal(t, "idempotency_key_expired", problemOf(t, w)["code"])
+	close(slow.block)
+	require.Equal(t, 201, <-done)
+	w = post(srv, key, `{}`)
+	require.Equal(t, 409, w.Code, w.Body.String())
+	require.EqualValues(t, 1, slow.calls.Load())
+}
+
+// A lease first taken while the database clock ran fast records a first use
+// in the future; the next renewal moves it back, so registrations made
+// before it still count.
+func TestALeaseFromAFastClockIsCorrected(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO idempotency_writers (ttl_ms, skew_ms, bounded, first_used, used_until)
+		VALUES (1000, 0, true, now() + interval '1 hour', now() + interval '70 minutes')`)
+	require.NoError(t, err)
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Second, ClockSkew: 0}).Wrap(h)
+	key := mintKey(uuidv7Key, time.Now().Add(-time.Second))
+	require.Equal(t, 201, post(srv, key, `{}`).Code)
+	time.Sleep(1100 * time.Millisecond)
+	require.EqualValues(t, 1, sweepAll(t, b))
+	w := post(srv, key, `{}`)
+	require.Equal(t, 409, w.Code, w.Body.String())
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
+// A live row inserted by a writer that enforced no skew (an older release of
+// the middleware during a rolling deploy, a hand-written insert) records an
+// unbounded writer: from then on no fresh key skips the archive.
+func TestALeaselessInsertRecordsAnUnboundedWriter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	arch := &countingArchive{inner: b.reader}
+	srv := b.middleware(t, idempotency.Config{Archive: arch, ClockSkew: time.Minute}).Wrap(&charges{})
+	require.Equal(t, 201, post(srv, mintKey(uuidv7Key, time.Now()), `{}`).Code)
+	require.Zero(t, arch.calls.Load())
+
+	writer := b.db.NewPool(t, dbtest.AsRole(schema.WriterRole))
+	_, err := writer.Exec(context.Background(), `INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at)
+		VALUES ('idem:v1:old-release', sha256('x'), now() + interval '1 day')`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_writers WHERE NOT bounded"))
+	require.Equal(t, 201, post(srv, mintKey(uuidv7Key, time.Now()), `{}`).Code)
+	require.EqualValues(t, 1, arch.calls.Load(), "a fresh key is looked up")
+}
+
+// A reader role that may not read idempotency_writers still answers every
+// lookup: it reads every partition instead.
+func TestAReaderWithoutTheWritersGrantStillFindsKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	ctx := context.Background()
+	role := "no_writers_" + strings.ToLower(mintKey(plainKey, time.Now())[6:14])
+	_, err := b.db.Pool.Exec(ctx, "CREATE ROLE "+role+" NOLOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
+	_, err = b.db.Pool.Exec(ctx, "GRANT USAGE ON SCHEMA "+b.db.Schema+" TO "+role+"; GRANT SELECT ON idempotency_key_archive TO "+role)
+	require.NoError(t, err)
+	key := "idem:v1:" + mintKey(ulidKey, time.Now().Add(-30*time.Hour))
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: time.Now().Add(-6 * time.Hour)})
+	r, err := archive.NewReader(b.db.NewPool(t, dbtest.AsRole(role)), archive.Config{}, nil)
+	require.NoError(t, err)
+	rec, err := r.Lookup(ctx, key, nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
 }

@@ -8,6 +8,8 @@
 //		Store:   livestore.NewPostgres(pool),
 //		Archive: archiveReader,              // *archive.Reader, or archiveclient.Lambda
 //		LiveTTL: 24 * time.Hour,
+//		// How far ahead of the store's clock a key's timestamp may lie.
+//		ClockSkew: keytime.DefaultClockSkew,
 //		// Scope keys to the authenticated caller (set by your auth middleware).
 //		Tenant: func(r *http.Request) string { return auth.AccountID(r.Context()) },
 //	})
@@ -284,6 +286,9 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	if err := (Registering{TTL: cfg.LiveTTL, ClockSkew: cfg.ClockSkew}).Validate(); err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
+	}
+	if limited, ok := cfg.Store.(interface{ MaxTTL() time.Duration }); ok && cfg.LiveTTL > limited.MaxTTL() {
+		return nil, fmt.Errorf("idempotency: live TTL %s is longer than this store allows (%s)", cfg.LiveTTL, limited.MaxTTL())
 	}
 	ca, ok := cfg.Store.(CompletionArchiver)
 	return &Middleware{cfg: cfg, path: strings.Split(cfg.ResourceIDPath, "."), archivesAtCompletion: ok && ca.ArchivesAtCompletion()}, nil

@@ -499,8 +499,20 @@ func TestRedisKeepsAKeyItCouldNotArchive(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rds)
 	client, prefix := testenv.Redis(t)
-	// A pool whose role may not insert into the archive.
-	noInsert := b.db.NewPool(t, dbtest.AsRole(schema.ReaderRole))
+	// A pool whose role may record itself as a writer but not insert into
+	// the archive.
+	ctx := context.Background()
+	role := "no_insert_" + mintKey(plainKey, time.Now())[6:18]
+	for _, stmt := range []string{
+		"CREATE ROLE " + role + " NOLOGIN",
+		"GRANT " + schema.ReaderRole + " TO " + role,
+		"GRANT INSERT, UPDATE ON idempotency_writers TO " + role,
+	} {
+		_, err := b.db.Pool.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
+	noInsert := b.db.NewPool(t, dbtest.AsRole(role))
 	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, noInsert, prefix), SingleTenant: true, Archive: b.reader, LiveTTL: time.Hour})
 	require.NoError(t, err)
 	h := &charges{}

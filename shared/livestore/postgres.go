@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,30 +32,16 @@ var ErrNotInFlight = errors.New("livestore: key is not in flight")
 // expired (and been archived): when none can, the middleware skips the
 // archive lookup. Its pool's role needs the idempotency_writer grants.
 type Postgres struct {
-	pool *pgxpool.Pool
-
-	mu     sync.Mutex
-	leased map[lease]time.Time // app-clock time each lease was last renewed
+	pool   *pgxpool.Pool
+	leases *leases
 }
-
-type lease struct{ ttlMS, skewMS int64 }
 
 var _ idempotency.Store = (*Postgres)(nil)
 
 // NewPostgres returns a store over pool.
 func NewPostgres(pool *pgxpool.Pool) *Postgres {
-	return &Postgres{pool: pool, leased: map[lease]time.Time{}}
+	return &Postgres{pool: pool, leases: newLeases(pool)}
 }
-
-// Lease timing: a lease lasts leaseFor of database time and is renewed once
-// renewAfter of local time has passed since the last renewal, so it never
-// runs out under a live writer whose clock is sane. If it does run out (a
-// paused process, a clock jump), the registration finds no live lease,
-// renews it and tries again: a key is never registered without one.
-const (
-	leaseFor   = 10 * time.Minute
-	renewAfter = 4 * time.Minute
-)
 
 // expirySlack widens the "can it have expired yet" test of the skip: a row
 // counts as possibly expired from expirySlack before its earliest expiry, so
@@ -65,14 +50,6 @@ const (
 const expirySlack = time.Second
 
 const (
-	// pgLeaseSQL records that this writer registers keys under ($1 TTL,
-	// $2 skew) from now until $3 from now. used_until never moves back.
-	pgLeaseSQL = `
-INSERT INTO idempotency_writers AS w (ttl_ms, skew_ms, bounded, first_used, used_until)
-VALUES ($1, $2, true, now(), now() + $3 * interval '1 millisecond')
-ON CONFLICT (ttl_ms, skew_ms, bounded) DO UPDATE
-   SET used_until = greatest(w.used_until, excluded.used_until)`
-
 	// pgRegisterSQL registers $1 (fingerprint $2, TTL $3 ms, skew $4 ms,
 	// timestamp $5 or NULL) when this writer's lease covers now() and the
 	// timestamp is at most the skew ahead of now(). It reports whether the
@@ -89,12 +66,13 @@ ON CONFLICT (ttl_ms, skew_ms, bounded) DO UPDATE
 	pgRegisterSQL = `
 WITH lease AS (
     SELECT EXISTS (SELECT 1 FROM idempotency_writers
-                    WHERE ttl_ms = $3 AND skew_ms = $4 AND bounded AND used_until >= now()) AS live
+                    WHERE ttl_ms = $3 AND skew_ms = $4 AND bounded
+                      AND first_used <= now() AND used_until >= now()) AS live
 ), ahead AS (
     SELECT $5::timestamptz IS NOT NULL AND $5::timestamptz > now() + $4 * interval '1 millisecond' AS ahead
 ), ins AS (
-    INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at)
-    SELECT $1, $2, now() + $3 * interval '1 millisecond'
+    INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at, skew_ms)
+    SELECT $1, $2, now() + $3 * interval '1 millisecond', $4
       FROM lease, ahead
      WHERE lease.live AND NOT ahead.ahead
     ON CONFLICT (scoped_key) DO NOTHING
@@ -137,7 +115,7 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 	if ts, ok := keytime.FromKey(req.Key); ok {
 		minted = pgtype.Timestamptz{Time: ts, Valid: true}
 	}
-	if err := p.renew(ctx, l, false); err != nil {
+	if err := p.leases.renew(ctx, l, false); err != nil {
 		return idempotency.Registration{}, err
 	}
 	for attempt := 0; attempt < 6; attempt++ {
@@ -153,12 +131,18 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 		case !live:
 			// The lease ran out (a paused process, a clock jump): renew
 			// it now and try again.
-			if err := p.renew(ctx, l, true); err != nil {
+			if err := p.leases.renew(ctx, l, true); err != nil {
 				return idempotency.Registration{}, err
 			}
 			continue
 		case ahead:
-			return idempotency.Registration{Ahead: true}, nil
+			// Not stored under this writer's skew. A writer that allows
+			// more may have stored it: its entry is the answer.
+			e, err := p.get(ctx, req.Key)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return idempotency.Registration{Ahead: true}, nil
+			}
+			return idempotency.Registration{Entry: e}, err
 		case created != nil:
 			e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: *created, ExpiresAt: *expires}
 			return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: mayBeArchived}, nil
@@ -170,34 +154,6 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 		return idempotency.Registration{Entry: e}, err
 	}
 	return idempotency.Registration{}, errors.New("register idempotency key: the key keeps being released concurrently, or the writer lease keeps running out")
-}
-
-// renew extends the lease on l when it is due, or always when force.
-func (p *Postgres) renew(ctx context.Context, l lease, force bool) error {
-	p.mu.Lock()
-	last, ok := p.leased[l]
-	p.mu.Unlock()
-	if ok && !force && time.Since(last) < renewAfter {
-		return nil
-	}
-	start := time.Now()
-	if _, err := p.pool.Exec(ctx, pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds()); err != nil {
-		return fmt.Errorf("record the writer's TTL and clock skew in idempotency_writers: %w", err)
-	}
-	p.mu.Lock()
-	p.leased[l] = start
-	p.mu.Unlock()
-	return nil
-}
-
-// durationMS rounds d up to whole milliseconds, so a recorded TTL or skew is
-// never shorter than the one in force.
-func durationMS(d time.Duration) int64 {
-	ms := d.Milliseconds()
-	if d%time.Millisecond > 0 {
-		ms++
-	}
-	return ms
 }
 
 func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, error) {

@@ -24,8 +24,10 @@ import (
 // expired from the archive — and never a completed key without an archive row.
 // If the archive row cannot be written at all, the hash is completed without
 // an expiry instead, so that the key keeps replaying rather than ever running
-// twice; the error is returned for the operator to reconcile. A key that
-// expires while still in flight is not archived.
+// twice; the error is returned for the operator to reconcile. An in-flight
+// hash is kept inFlightGrace past its window, so a request that outlives the
+// TTL still archives its outcome; one that never completes (a crashed
+// process) is not archived, and its key may run again after the grace.
 //
 // Because a key's archive row exists from completion on, a lost hash (a
 // failover, a restart, an eviction) leaves the archive as the only record of
@@ -38,9 +40,25 @@ import (
 type Redis struct {
 	client  *redis.Client
 	archive *pgxpool.Pool
+	leases  *leases
 	prefix  string
 	now     func() time.Time
 }
+
+// MaxRedisTTL bounds the Redis store's TTL: its archive rows are written at
+// completion with expired_at at the end of the window, into a month whose
+// partition must already exist (the partition manager keeps
+// PARTITION_LEAD_MONTHS, at least 2, ahead).
+const MaxRedisTTL = 31 * 24 * time.Hour
+
+// MaxTTL reports MaxRedisTTL; idempotency.New refuses a longer LiveTTL.
+func (s *Redis) MaxTTL() time.Duration { return MaxRedisTTL }
+
+// inFlightGrace keeps an in-flight hash this long past its window, so that a
+// request running longer than the TTL still finds its entry at completion
+// and archives its outcome; meanwhile retries get 409 expired (in flight).
+// A completed hash expires at the end of its window.
+const inFlightGrace = 15 * time.Minute
 
 var _ idempotency.Store = (*Redis)(nil)
 
@@ -55,7 +73,7 @@ func (s *Redis) ArchivesAtCompletion() bool { return true }
 // and writing archive rows through archivePool (whose role needs INSERT on
 // idempotency_key_archive, as idempotency_sweeper has).
 func NewRedis(client *redis.Client, archivePool *pgxpool.Pool, prefix string) *Redis {
-	return &Redis{client: client, archive: archivePool, prefix: prefix, now: time.Now}
+	return &Redis{client: client, archive: archivePool, leases: newLeases(archivePool), prefix: prefix, now: time.Now}
 }
 
 // Hash fields: fp, state, status, body, ct, rid, has_rid, created, expires
@@ -66,7 +84,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.call('HGETALL', KEYS[1])
 end
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'in_flight', 'created', ARGV[2], 'expires', ARGV[3])
-redis.call('PEXPIREAT', KEYS[1], ARGV[3])
+redis.call('PEXPIREAT', KEYS[1], ARGV[4])
 return false`)
 
 	redisComplete = redis.NewScript(`
@@ -76,6 +94,8 @@ end
 redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'body', ARGV[3], 'ct', ARGV[4], 'rid', ARGV[5], 'has_rid', ARGV[6])
 if ARGV[7] == '1' then
   redis.call('PERSIST', KEYS[1])
+else
+  redis.call('PEXPIREAT', KEYS[1], redis.call('HGET', KEYS[1], 'expires'))
 end
 return 1`)
 
@@ -91,12 +111,30 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	if err := req.Validate(); err != nil {
 		return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 	}
+	if req.TTL > MaxRedisTTL {
+		return idempotency.Registration{}, fmt.Errorf("register idempotency key: the Redis store's TTL must be at most %s (its archive rows go into a month that must already have a partition), got %s", MaxRedisTTL, req.TTL)
+	}
+	// This store writes archive rows at completion: it records itself
+	// (TTL 0: archived from registration on), so that a Postgres store
+	// sharing the archive never skips a lookup for its keys.
+	if err := s.leases.renew(ctx, lease{ttlMS: 0, skewMS: durationMS(req.ClockSkew)}, false); err != nil {
+		return idempotency.Registration{}, err
+	}
 	now := s.now()
 	if _, ahead := keytime.Ahead(req.Key, now, req.ClockSkew); ahead {
-		return idempotency.Registration{Ahead: true}, nil
+		// Not stored under this writer's skew. A writer that allows more
+		// may have stored it: its entry is the answer.
+		h, err := s.client.HGetAll(ctx, s.prefix+req.Key).Result()
+		if err != nil {
+			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
+		}
+		if len(h) == 0 {
+			return idempotency.Registration{Ahead: true}, nil
+		}
+		return idempotency.Registration{Entry: entryFromHash(h)}, nil
 	}
 	created, expires := now.UnixMilli(), now.Add(req.TTL).UnixMilli()
-	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires).Result()
+	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, now.Add(req.TTL+inFlightGrace).UnixMilli()).Result()
 	if errors.Is(err, redis.Nil) {
 		e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}
 		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true}, nil

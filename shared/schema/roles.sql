@@ -27,6 +27,7 @@ BEGIN
     EXECUTE format('ALTER TABLE %I.idempotency_keys OWNER TO idempotency_owner', current_schema());
     EXECUTE format('ALTER TABLE %I.idempotency_key_archive OWNER TO idempotency_owner', current_schema());
     EXECUTE format('ALTER TABLE %I.idempotency_writers OWNER TO idempotency_owner', current_schema());
+    EXECUTE format('ALTER FUNCTION %I.idempotency_record_unbounded_writer() OWNER TO idempotency_owner', current_schema());
     -- ALTER TABLE ... OWNER does not cascade to partitions that already exist.
     FOR part_name IN
         SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -35,7 +36,7 @@ BEGIN
         EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', current_schema(), part_name);
     END LOOP;
 
-    EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
 
     -- The sweeper reads and deletes live rows and inserts archive rows. PostgreSQL
     -- requires UPDATE on at least one column for SELECT ... FOR UPDATE SKIP LOCKED,
@@ -47,6 +48,10 @@ BEGIN
     EXECUTE format('GRANT INSERT ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
     -- INSERT ... ON CONFLICT needs SELECT on the conflict target's columns.
     EXECUTE format('GRANT SELECT (scoped_key, expired_at) ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
+    -- The Redis live store writes archive rows through a pool with this
+    -- role, and records itself in idempotency_writers (ttl_ms = 0) first.
+    EXECUTE format('GRANT SELECT, INSERT ON TABLE %I.idempotency_writers TO idempotency_sweeper', current_schema());
+    EXECUTE format('GRANT UPDATE (first_used, used_until) ON TABLE %I.idempotency_writers TO idempotency_sweeper', current_schema());
 
     -- Lookups only read the archive, and the writers' skews that bound how
     -- far back a key's rows can lie.
@@ -55,8 +60,11 @@ BEGIN
 
     -- API services (the Postgres live store) register, complete and release
     -- live keys, and hold leases on their (TTL, skew) in idempotency_writers.
-    -- They never delete a writer row: the rows are the proof the skip rests on.
+    -- They never delete a writer row, nor change what it bounds: the rows
+    -- are the proof the skip rests on. (A lease only ever moves first_used
+    -- earlier and used_until later.)
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.idempotency_keys TO idempotency_writer', current_schema());
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE ON TABLE %I.idempotency_writers TO idempotency_writer', current_schema());
+    EXECUTE format('GRANT SELECT, INSERT ON TABLE %I.idempotency_writers TO idempotency_writer', current_schema());
+    EXECUTE format('GRANT UPDATE (first_used, used_until) ON TABLE %I.idempotency_writers TO idempotency_writer', current_schema());
 END
 $roles$;
