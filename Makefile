@@ -19,8 +19,15 @@ help: ## List the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: demo
-demo: build-local-sweep build-local-partitions archivectl bin/charges bin/demo $(RIE) ## The runbook end to end: API, expiry, sweep under the Lambda emulator, late retry 409
+demo: build-notice build-local-sweep build-local-partitions archivectl bin/charges bin/demo $(RIE) ## The runbook end to end: API, expiry, sweep under the Lambda emulator, late retry 409
 	@WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bin/demo
+
+# A first build on a cold cache compiles the AWS SDK, pgx and the X-Ray SDK:
+# a few minutes on 2 cores. Say so before the silence.
+.PHONY: build-notice
+build-notice:
+	@if [ ! -d "$$($(GO) env GOCACHE 2>/dev/null)" ] || [ -z "$$(ls -A "$$($(GO) env GOCACHE)" 2>/dev/null | head -1)" ] || [ ! -x bin/demo ]; then \
+		echo "building the functions, the CLI and the demo (a first build on a cold cache takes about 3 minutes on 2 cores)..."; fi
 
 .PHONY: test
 test: lint $(RIE) ## Every test against throwaway PostgreSQL and Redis (self-provisioning), then the demo
@@ -57,22 +64,26 @@ build: $(FUNCTIONS:%=build-%) ## Build bin/<fn>/bootstrap for linux/arm64 and bi
 
 .PHONY: build-%
 build-%: bin/lambdalocal
-	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build $(BUILD_FLAGS) -o bin/$*/bootstrap ./functions/$*
-	bin/lambdalocal zip -o bin/$*.zip bin/$*/bootstrap
+	@echo "  build  bin/$*/bootstrap (linux/arm64), bin/$*.zip"
+	@CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build $(BUILD_FLAGS) -o bin/$*/bootstrap ./functions/$*
+	@bin/lambdalocal zip -o bin/$*.zip bin/$*/bootstrap
 
 .PHONY: build-local
 build-local: $(FUNCTIONS:%=build-local-%) ## Build bin/local/<fn>/bootstrap for this machine
 
 .PHONY: build-local-%
 build-local-%:
-	CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o bin/local/$*/bootstrap ./functions/$*
+	@echo "  build  bin/local/$*/bootstrap"
+	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o bin/local/$*/bootstrap ./functions/$*
 
 .PHONY: bin/lambdalocal
 bin/lambdalocal:
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/lambdalocal ./cmd/lambdalocal
+	@echo "  build  bin/lambdalocal"
+	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/lambdalocal ./cmd/lambdalocal
 
 $(RIE):
-	GOBIN=$(CURDIR)/bin/tools CGO_ENABLED=0 $(GO) install $(RIE_MODULE)
+	@echo "  install  $(RIE) (the AWS Lambda Runtime Interface Emulator, from the Go module proxy)"
+	@GOBIN=$(CURDIR)/bin/tools CGO_ENABLED=0 $(GO) install $(RIE_MODULE)
 
 FN ?= lookup
 EVENT ?= events/lookup-direct.json
@@ -87,23 +98,39 @@ sam-template: build bin/lambdalocal ## Write bin/sam/template.json for sam local
 	bin/lambdalocal template -o bin/sam/template.json -code-dir ..
 
 .PHONY: dev
-dev: archivectl bin/charges ## Throwaway Postgres, migrated and partitioned, and the charges API on :8080
-	@WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bash -c 'set -e; bin/archivectl migrate >/dev/null; bin/archivectl partitions >/dev/null; \
+dev: dev-check archivectl bin/charges ## Throwaway Postgres, migrated and partitioned, and the charges API on :8080 (ADDR=:8081 for another port, LIVE_TTL=5s to watch keys expire)
+	@WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bash -c 'set -e; \
+		out=$$(bin/archivectl migrate 2>&1 >/dev/null) || { echo "$$out" >&2; exit 1; }; \
+		out=$$(bin/archivectl partitions 2>&1 >/dev/null) || { echo "$$out" >&2; exit 1; }; \
 		port=$${DATABASE_URL##*:}; port=$${port%%/*}; \
 		echo; echo "PostgreSQL: psql \"$$DATABASE_URL\""; \
 		echo "For the runbook verbatim, in another shell: export PGHOST=127.0.0.1 PGPORT=$$port PGUSER=postgres PGDATABASE=postgres"; \
-		echo "Charges API: http://localhost:8080/v1/charges (Ctrl-C stops everything)"; echo; \
-		ADDR=$${ADDR:-:8080} bin/charges'
+		addr="$(ADDR)"; echo "Charges API: http://localhost:$${addr##*:}/v1/charges (Ctrl-C stops everything)"; echo; \
+		ADDR=$(ADDR) bin/charges'
+
+# make dev serves the API; the verification by hand uses psql, curl and jq.
+# A busy port is said before anything starts.
+ADDR ?= :8080
+.PHONY: dev-check
+dev-check:
+	@missing=""; for tool in psql curl jq; do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then echo "note: the verification by hand in the README uses$$missing (as root: apt-get install -y postgresql-client curl jq); the API runs without them"; fi
+	@port="$(ADDR)"; port="$${port##*:}"; \
+	if (exec 3<>/dev/tcp/127.0.0.1/$$port) 2>/dev/null; then \
+		echo "make dev: port $$port is already in use; choose another: ADDR=:8081 make dev"; exit 1; fi
 
 .PHONY: bin/charges bin/demo
 bin/charges:
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/charges ./examples/charges
+	@echo "  build  bin/charges"
+	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/charges ./examples/charges
 bin/demo:
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/demo ./examples/demo
+	@echo "  build  bin/demo"
+	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/demo ./examples/demo
 
 .PHONY: archivectl
 archivectl: ## Build the operator CLI into bin/archivectl
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/archivectl ./cmd/archivectl
+	@echo "  build  bin/archivectl"
+	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/archivectl ./cmd/archivectl
 
 .PHONY: db-shell
 db-shell: archivectl ## Throwaway database, migrated and partitioned, with a shell that has DATABASE_URL set

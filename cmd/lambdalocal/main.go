@@ -23,9 +23,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,7 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "invoke":
 		return cmdInvoke(ctx, args[1:], stdout, stderr)
 	case "template":
-		return cmdTemplate(args[1:])
+		return cmdTemplate(args[1:], stderr)
 	}
 	return fmt.Errorf("unknown command %q (want zip, invoke or template)", args[0])
 }
@@ -149,6 +152,38 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return err
 }
 
+// stripPassword removes the password from a PostgreSQL connection string, URL
+// (postgres://user:pw@host/db) or keyword form (password=pw), and reports
+// whether there was one.
+func stripPassword(dsn string) (string, bool) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			// Unparseable: keep nothing of it rather than risk the password.
+			return "", true
+		}
+		stripped := false
+		if u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				u.User = url.User(u.User.Username())
+				stripped = true
+			}
+		}
+		if q := u.Query(); q.Has("password") {
+			q.Del("password")
+			u.RawQuery = q.Encode()
+			stripped = true
+		}
+		return u.String(), stripped
+	}
+	kept := passwordKeyword.ReplaceAllString(dsn, "")
+	return strings.TrimSpace(kept), kept != dsn
+}
+
+// passwordKeyword matches password=... in a keyword/value connection string,
+// quoted ('p w', with \' escapes) or not.
+var passwordKeyword = regexp.MustCompile(`(^|\s)password\s*=\s*('(\\.|[^'\\])*'|\S*)`)
+
 // samFunctions are the functions of the SAM template, with their timeouts.
 var samFunctions = []struct {
 	logicalID, dir string
@@ -159,7 +194,7 @@ var samFunctions = []struct {
 	{"LookupFunction", "lookup", 10},
 }
 
-func cmdTemplate(args []string) error {
+func cmdTemplate(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("template", flag.ContinueOnError)
 	out := fs.String("o", "", "template file to write")
 	codeDir := fs.String("code-dir", "bin", "directory holding <function>/bootstrap, relative to the template's directory or absolute")
@@ -174,6 +209,19 @@ func cmdTemplate(args []string) error {
 		if val, ok := os.LookupEnv(v.Name); ok {
 			env[v.Name] = val
 		}
+	}
+	if env["DATABASE_URL"] == "" && env["DATABASE_SECRET_ARN"] == "" {
+		return errors.New("set DATABASE_URL (or DATABASE_SECRET_ARN) first: the template's functions get their configuration from this shell's variables, and have none without a database")
+	}
+	// A template is a file that gets shared and committed: the password
+	// never goes into it. PGPASSWORD is declared empty so that
+	// `sam local invoke --env-vars` can supply it at invoke time.
+	if u, stripped := stripPassword(env["DATABASE_URL"]); stripped {
+		env["DATABASE_URL"] = u
+		env["PGPASSWORD"] = ""
+		fmt.Fprintln(stderr, `lambdalocal: the password in DATABASE_URL was left out of the template; give it at invoke time:`)
+		fmt.Fprintln(stderr, `  echo '{"Parameters": {"PGPASSWORD": "..."}}' > bin/sam/env.json  # keep it out of version control`)
+		fmt.Fprintln(stderr, `  sam local invoke -t bin/sam/template.json --env-vars bin/sam/env.json LookupFunction -e events/lookup-direct.json`)
 	}
 	resources := map[string]any{}
 	for _, f := range samFunctions {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,6 +45,7 @@ func TestZipIsAnExecutableBootstrapAndReproducible(t *testing.T) {
 
 func TestTemplateDescribesTheThreeFunctions(t *testing.T) {
 	t.Setenv("LIVE_TTL", "48h")
+	t.Setenv("DATABASE_URL", "postgres://archive:s3cret@db.example.com:5432/app?sslmode=verify-full")
 	out := filepath.Join(t.TempDir(), "sam", "template.json")
 	require.NoError(t, run(context.Background(), []string{"template", "-o", out, "-code-dir", "../bin"}, io.Discard, io.Discard))
 	raw, err := os.ReadFile(out)
@@ -69,6 +71,33 @@ func TestTemplateDescribesTheThreeFunctions(t *testing.T) {
 	require.Equal(t, "provided.al2023", lookup.Properties.Runtime)
 	require.Equal(t, []string{"arm64"}, lookup.Properties.Architectures)
 	require.Equal(t, "48h", lookup.Properties.Environment.Variables["LIVE_TTL"])
+	require.NotContains(t, string(raw), "s3cret", "the password never goes into the template")
+	require.Equal(t, "postgres://archive@db.example.com:5432/app?sslmode=verify-full", lookup.Properties.Environment.Variables["DATABASE_URL"])
+	require.Contains(t, lookup.Properties.Environment.Variables, "PGPASSWORD", "declared, for --env-vars")
+}
+
+func TestTemplateNeedsADatabaseAndKeepsPasswordsOut(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("DATABASE_SECRET_ARN", "")
+	err := run(context.Background(), []string{"template", "-o", filepath.Join(t.TempDir(), "t.json")}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "set DATABASE_URL (or DATABASE_SECRET_ARN) first")
+
+	for dsn, want := range map[string]string{
+		"postgres://u:pw@h/db":                "postgres://u@h/db",
+		"postgresql://u@h/db?password=pw&x=1": "postgresql://u@h/db?x=1",
+		"host=h user=u password=pw dbname=d":  "host=h user=u dbname=d",
+		"host=h password='p w\\' x' dbname=d": "host=h dbname=d",
+		"password=pw host=h":                  "host=h",
+		"postgres://u:p%zz@h/db":              "",
+	} {
+		got, stripped := stripPassword(dsn)
+		require.True(t, stripped, dsn)
+		require.Equal(t, want, strings.Join(strings.Fields(got), " "), dsn)
+		require.NotContains(t, got, "pw", dsn)
+	}
+	got, stripped := stripPassword("postgres://u@h/db")
+	require.False(t, stripped)
+	require.Equal(t, "postgres://u@h/db", got)
 }
 
 func TestUsageErrors(t *testing.T) {

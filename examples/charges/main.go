@@ -80,9 +80,10 @@ func run(ctx context.Context, getenv func(string) string) error {
 	mux.HandleFunc("GET /v1/charges", c.list)
 	mux.HandleFunc("GET /v1/charges/{id}", c.get)
 
-	ln, err := net.Listen("tcp", cmp.Or(getenv("ADDR"), ":8080"))
+	addr := cmp.Or(getenv("ADDR"), ":8080")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (is another server on %s? set ADDR, for example ADDR=:8081)", err, addr)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	logger.Info("charges API listening", "addr", ln.Addr().String(), "live_ttl", arch.LiveTTL.String())
