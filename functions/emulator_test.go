@@ -178,3 +178,24 @@ func TestFunctionsUnderTheRuntimeInterfaceEmulator(t *testing.T) {
 		return len(testenv.Lines(lookup.Output.String(), `"idempotency_archive_lookup_duration_ms"`)) > 0
 	}, 5*time.Second, 20*time.Millisecond, "EMF line in the lookup function's output")
 }
+
+// Lambda's default 3-second timeout is under the default deadline margin
+// (35 s): the sweep can start no batch. With a backlog waiting, that is an
+// error the platform counts, not a quiet success, under the real runtime.
+func TestASweepThatCannotRunFailsUnderTheEmulator(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: "idem:v1:waiting", Status: 201, ExpiresAt: time.Now().Add(-time.Hour)})
+	bin := testenv.Bootstraps(t, "sweep")
+	sweeper := testenv.StartEmulator(t, bin["sweep"], map[string]string{"DATABASE_URL": db.URL, "AWS_LAMBDA_FUNCTION_TIMEOUT": "3"})
+	var failure struct {
+		ErrorMessage string `json:"errorMessage"`
+		ErrorType    string `json:"errorType"`
+	}
+	require.NoError(t, json.Unmarshal(sweeper.Invoke(t, testenv.Event(t, "sweep-schedule.json")), &failure))
+	require.Contains(t, failure.ErrorMessage, "sweep started no batch")
+	require.Contains(t, failure.ErrorMessage, "1 expired rows wait")
+	require.Contains(t, failure.ErrorMessage, "SWEEP_DEADLINE_MARGIN")
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"), "no row was lost")
+}
