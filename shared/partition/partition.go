@@ -87,7 +87,11 @@ type Config struct {
 	// ... CONCURRENTLY waits for transactions that use the partition, so give
 	// it room. Default 2 minutes; at least 1ms.
 	StatementTimeout time.Duration
-	// Now returns the current time. Default time.Now; tests move it.
+	// Now returns the current time, used as is (tests move it). Default:
+	// both clocks, the host's and the database's now(): months are created
+	// from the later of the two, and retired by the earlier, so a host
+	// clock that runs ahead can never retire a month the archive still
+	// writes to, and neither clock can leave a month without its partition.
 	Now func() time.Time
 }
 
@@ -97,10 +101,25 @@ func (c Config) WithDefaults() Config {
 	c.LeadMonths = cmp.Or(c.LeadMonths, 3)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 5*time.Second)
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 2*time.Minute)
-	if c.Now == nil {
-		c.Now = time.Now
-	}
 	return c
+}
+
+// clocks returns the time months are created from and the time they are
+// retired by (see Config.Now).
+func (m *Manager) clocks(ctx context.Context, conn *pgx.Conn) (create, retire time.Time, err error) {
+	if m.cfg.Now != nil {
+		now := m.cfg.Now()
+		return now, now, nil
+	}
+	host := time.Now()
+	var db time.Time
+	if err := conn.QueryRow(ctx, "SELECT now()").Scan(&db); err != nil {
+		return host, host, fmt.Errorf("read the database clock: %w", err)
+	}
+	if db.Before(host) {
+		return host, db, nil
+	}
+	return db, host, nil
 }
 
 // ConfigError is a Config.Validate error about one field, so that a caller can
@@ -345,7 +364,10 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	now := m.cfg.Now()
+	now, retireNow, err := m.clocks(ctx, conn.Conn())
+	if err != nil {
+		return res, err
+	}
 	orphans, err := listOrphans(ctx, conn.Conn(), tbl)
 	if err != nil {
 		return res, err
@@ -360,7 +382,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		}
 	}
 
-	pl := m.plan(tbl, parts, orphans, now)
+	pl := m.plan(tbl, parts, orphans, now, retireNow)
 	var errs []error
 	for _, r := range pl.refused {
 		res.Refused = append(res.Refused, r)
@@ -497,9 +519,12 @@ func (m *Manager) EnsureMonth(ctx context.Context, t time.Time) ([]string, error
 
 // plan decides the DDL of a run. Only retireStep writes a DROP or a DETACH
 // that is not followed by an ATTACH.
-func (m *Manager) plan(tbl table, parts []Partition, orphans []string, now time.Time) planned {
+// plan decides the steps of a run: months are created around createNow and
+// retired by retireNow (see Config.Now).
+func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow, retireNow time.Time) planned {
 	var pl planned
-	current := MonthStart(now)
+	current := MonthStart(retireNow)
+	now := retireNow
 	retention := m.cfg.RetentionMonths
 	// expired is the retention arithmetic. It is not trusted alone: every
 	// partition it picks still has to pass mayRetire, in retireStep.
@@ -574,8 +599,17 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, now time.
 	// From the previous month: right after midnight on the 1st, the sweeper
 	// still archives keys that expired last month, and a fresh install needs
 	// that month too.
-	for i := -1; i <= m.cfg.LeadMonths; i++ {
-		month := current.AddDate(0, i, 0)
+	// Around both clocks when they disagree: rows are archived by the
+	// database's, and neither may find its month missing.
+	var wanted []time.Time
+	for _, at := range []time.Time{retireNow, createNow} {
+		for i := -1; i <= m.cfg.LeadMonths; i++ {
+			if month := MonthStart(at).AddDate(0, i, 0); !slices.Contains(wanted, month) {
+				wanted = append(wanted, month)
+			}
+		}
+	}
+	for _, month := range wanted {
 		if handled[month] {
 			continue
 		}

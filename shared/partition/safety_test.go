@@ -424,3 +424,42 @@ func TestABoundThePackageCannotReadIsReportedNotFatal(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, partition.Covers(parts, month(12026, time.January)))
 }
+
+// By default the manager reads both clocks: it retires by the earlier of the
+// host's and the database's, and creates from the later. A clock that runs
+// ahead can never retire a month the archive still writes to.
+func TestRetirementFollowsTheEarlierClock(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	// Months from four back through three ahead, each with a row.
+	db.Partition(t, 3)
+	cur := partition.MonthStart(time.Now())
+	for i := -4; i <= 3; i++ {
+		m := cur.AddDate(0, i, 0)
+		dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: fmt.Sprintf("k%d", i), Status: 201, ExpiredAt: m.Add(time.Hour)})
+	}
+	// This connection's now() runs five years behind the host: the host
+	// clock is the one that is ahead.
+	_, err := db.Pool.Exec(ctx, "CREATE FUNCTION "+db.Schema+".now() RETURNS timestamptz LANGUAGE sql AS $$ SELECT pg_catalog.now() - interval '5 years' $$")
+	require.NoError(t, err)
+	behind := db.NewPool(t, dbtest.WithParam("search_path", db.Schema+", pg_catalog"))
+	var dbNow time.Time
+	require.NoError(t, behind.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	require.Less(t, dbNow, time.Now().AddDate(-4, 0, 0), "the shadowing now() is in force")
+
+	m, err := partition.NewManager(behind, partition.Config{RetentionMonths: 1}, nil)
+	require.NoError(t, err)
+	res, err := m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Empty(t, res.Retired, "by the earlier clock every month is inside the retention")
+	require.LessOrEqual(t, len(res.Created), 2*(3+2), "months around each clock, nothing in between")
+	require.EqualValues(t, 8, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"), "no row was lost")
+
+	// With both clocks agreeing, the months outside the retention go.
+	m, err = partition.NewManager(db.Pool, partition.Config{RetentionMonths: 1}, nil)
+	require.NoError(t, err)
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Retired)
+}
