@@ -118,10 +118,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitError
 	}
 
-	rest := args[1:]
-	if slices.ContainsFunc(rest, isHelpFlag) {
-		// Help needs neither configuration nor a database. Only the flag
-		// parser can tell "-h" the flag from "-h" the key or value.
+	// --emit-metrics is every command's flag: taken out before the
+	// command's own flags are parsed, and only before "--" (after it,
+	// everything is an argument).
+	rest, emitMetrics := takeFlag(args[1:], "emit-metrics")
+	// A first pass parses the flags alone: help and flag errors need
+	// neither configuration nor a database. Only the flag parser can tell
+	// "-h" the flag from "-h" the key or value.
+	{
 		e := &env{stdout: stdout, stderr: stderr, helpOnly: true}
 		switch err := cmd(ctx, e, nil, rest); {
 		case errors.Is(err, flag.ErrHelp):
@@ -146,9 +150,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 			e.stderrIsTTY = true
 		}
 	}
-	if i := slices.Index(rest, "--emit-metrics"); i >= 0 {
+	if emitMetrics {
 		e.metrics = metrics.New(stderr, s.MetricsNamespace)
-		rest = append(rest[:i:i], rest[i+1:]...)
 	}
 
 	var awsCfg *aws.Config
@@ -275,6 +278,8 @@ func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 				return fmt.Errorf("--batch: %w", err)
 			case "MaxDuration":
 				return fmt.Errorf("--max-duration: %w", err)
+			case "Pause":
+				return fmt.Errorf("--pause: %w", err)
 			}
 		}
 		return err
@@ -482,7 +487,29 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 	return pos, nil
 }
 
-func isHelpFlag(a string) bool { return a == "-h" || a == "--help" || a == "-help" }
+// flagPart is args up to the first "--": the part that may hold flags.
+func flagPart(args []string) []string {
+	if i := slices.Index(args, "--"); i >= 0 {
+		return args[:i]
+	}
+	return args
+}
+
+// takeFlag removes a boolean flag (-name or --name) from the flag part of
+// args, and reports whether it was there.
+func takeFlag(args []string, name string) ([]string, bool) {
+	flags := flagPart(args)
+	out := make([]string, 0, len(args))
+	found := false
+	for _, a := range flags {
+		if a == "-"+name || a == "--"+name {
+			found = true
+			continue
+		}
+		out = append(out, a)
+	}
+	return append(out, args[len(flags):]...), found
+}
 
 // atLeast rejects a flag given explicitly with a value below min.
 func atLeast(fs *flag.FlagSet, name string, value, min int) error {

@@ -237,6 +237,19 @@ func TestFlagLookingKeysAreData(t *testing.T) {
 	r = cli(t, nil, map[string]string{"DATABASE_URL": ""}, "lookup", "-h")
 	require.Equal(t, exitOK, r.code)
 	require.Contains(t, r.stderr, "usage of archivectl lookup")
+	// Every spelling of help is help, --emit-metrics beside it included.
+	for _, args := range [][]string{{"sweep", "--h"}, {"sweep", "--help=true"}, {"sweep", "--emit-metrics", "-h"}, {"lookup", "--emit-metrics", "-h"}} {
+		r = cli(t, nil, map[string]string{"DATABASE_URL": "", "SWEEP_PAUSE": "bad"}, args...)
+		require.Equal(t, exitOK, r.code, "%v: %s", args, r.stderr)
+		require.Contains(t, r.stderr, "usage of archivectl", args)
+	}
+	// --emit-metrics before "--" is the flag; after it, data.
+	r = cli(t, db, nil, "lookup", "--emit-metrics", "--", "-h")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stderr, "idempotency_archive_lookup_duration_ms")
+	r = cli(t, db, nil, "lookup", "--", "--emit-metrics")
+	require.Equal(t, exitNo, r.code, r.stderr)
+	require.Contains(t, r.stderr, `"--emit-metrics" is not in the archive`)
 	// A bad flag next to a data "-h" is one clear line.
 	r = cli(t, nil, map[string]string{"DATABASE_URL": ""}, "lookup", "--bogus", "--", "-h")
 	requireOneLineError(t, r, "flag provided but not defined: -bogus")
@@ -290,7 +303,7 @@ func TestAnInterruptedSweepIsAnErrorWhereverItLands(t *testing.T) {
 	}
 	// A long pause: the cancel lands while the sweep sleeps after batch 1.
 	go func() { time.Sleep(500 * time.Millisecond); cancel() }()
-	code := run(ctx, []string{"sweep", "--batch", "1", "--pause", "1h"}, &out, &errb, getenv)
+	code := run(ctx, []string{"sweep", "--batch", "1", "--pause", "10m"}, &out, &errb, getenv)
 	require.Equal(t, exitError, code, errb.String())
 	require.Contains(t, errb.String(), "sweep canceled after 1 batches")
 	require.Contains(t, out.String(), `"stopped": "canceled"`)

@@ -251,6 +251,32 @@ func TestAPrivilegedUserIsNeverTakenOver(t *testing.T) {
 	resp := b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { p["OwnerUser"] = me }))
 	require.Equal(t, cfn.StatusFailed, resp.Status)
 	require.Contains(t, resp.Reason, "is the migrating user or a privileged role")
+
+	// Roles that reach power through a membership, however indirect.
+	ctx := context.Background()
+	suffix := randomSuffix()
+	powerful := "powerful_" + suffix
+	for _, stmt := range []string{
+		"CREATE ROLE " + powerful + " NOLOGIN CREATEROLE",
+		"CREATE ROLE via_member_" + suffix + " LOGIN IN ROLE " + powerful,
+		"CREATE ROLE via_superuser_" + suffix + " LOGIN IN ROLE " + me,
+		"CREATE ROLE replicator_" + suffix + " LOGIN REPLICATION",
+		"CREATE ROLE reads_all_" + suffix + " LOGIN IN ROLE pg_read_all_data",
+	} {
+		_, err := b.db.Pool.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	t.Cleanup(func() {
+		for _, r := range []string{"via_member_", "via_superuser_", "replicator_", "reads_all_", "powerful_"} {
+			_, _ = b.db.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+r+suffix)
+		}
+	})
+	for _, name := range []string{"via_member_", "via_superuser_", "replicator_", "reads_all_"} {
+		resp := b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { p["ReaderUser"] = name + suffix }))
+		require.Equal(t, cfn.StatusFailed, resp.Status, name)
+		require.Contains(t, resp.Reason, "privileged role", name)
+		require.False(t, memberOf(t, b, name+suffix, schema.ReaderRole), "%s was granted nothing", name)
+	}
 }
 
 func TestDatabaseFailureFailsTheDeployWithTheReason(t *testing.T) {

@@ -62,6 +62,16 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 	}
 	s, err := sweep.New(pool, cfg, parts, h.env.Metrics)
 	if err != nil {
+		// Name the payload key the value came from, or the variable.
+		var ce *sweep.ConfigError
+		if errors.As(err, &ce) {
+			switch {
+			case ce.Field == "Pause" && opts.Pause != "":
+				return sweep.Result{}, fmt.Errorf("invalid options: pause: %w", err)
+			case ce.Field == "MaxDuration" && opts.MaxDuration != "":
+				return sweep.Result{}, fmt.Errorf("invalid options: max_duration: %w", err)
+			}
+		}
 		return sweep.Result{}, err
 	}
 	res, err := s.Run(ctx)

@@ -38,6 +38,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/tracing"
@@ -116,8 +117,8 @@ func (c Config) Validate() error {
 	if c.MaxPageSize < 1 {
 		return errors.New("max page size must be positive")
 	}
-	if c.StatementTimeout < time.Millisecond || c.StatementTimeout%time.Millisecond != 0 || c.StatementTimeout > 15*time.Minute {
-		return fmt.Errorf("statement timeout must be a whole number of milliseconds from 1ms to 15m, got %s", c.StatementTimeout)
+	if err := database.CheckTimeout(c.StatementTimeout); err != nil {
+		return fmt.Errorf("statement timeout %w", err)
 	}
 	return nil
 }
@@ -195,23 +196,34 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	start := time.Now()
 	var archived []byte
 	var status int16
+	found := false
 	err := tracing.Span(ctx, "archive.lookup", func(ctx context.Context) error {
 		earliest, err := r.earliestExpiry(ctx, scopedKey)
 		if err != nil {
 			return err
 		}
 		return r.bounded(ctx, func(b *pgx.Batch) {
-			b.Queue(lookupSQL, scopedKey, earliest).QueryRow(func(row pgx.Row) error {
-				return row.Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived)
+			b.Queue(lookupSQL, scopedKey, earliest).Query(func(rows pgx.Rows) error {
+				// Not found is an empty result, not an error: pgx drops a
+				// connection's cached statements after a batch that
+				// returns an error, and the next lookup would prepare
+				// again before its statement timeout is set.
+				for rows.Next() {
+					found = true
+					if err := rows.Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived); err != nil {
+						return err
+					}
+				}
+				return rows.Err()
 			})
 		})
 	})
 	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return rec, ErrNotFound
-	}
 	if err != nil {
 		return rec, fmt.Errorf("archive lookup: %w", timeoutError(ctx, err))
+	}
+	if !found {
+		return rec, ErrNotFound
 	}
 	rec.Status = int(status)
 	rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
@@ -305,8 +317,13 @@ func (r *Reader) readReach(ctx context.Context) (time.Duration, error) {
 		return reach, nil
 	}
 	// Not under the lock: one slow caller must not hold up the others.
+	// Bounded like every query: a migration holds this table exclusively
+	// for a moment on every deploy.
 	var ms *int64
-	if err := r.pool.QueryRow(ctx, reachSQL).Scan(&ms); err != nil {
+	err := r.bounded(ctx, func(b *pgx.Batch) {
+		b.Queue(reachSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&ms) })
+	})
+	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42501") {
 			// A schema migrated before writers recorded their bounds (run
@@ -315,7 +332,7 @@ func (r *Reader) readReach(ctx context.Context) (time.Duration, error) {
 			// partition is read. Correct, only slower.
 			return -1, nil
 		}
-		return 0, fmt.Errorf("read the writers' clock skews: %w", err)
+		return 0, fmt.Errorf("read the writers' clock skews: %w", timeoutError(ctx, err))
 	}
 	reach = -1
 	if ms != nil {

@@ -262,6 +262,27 @@ func InTx(ctx context.Context, db Beginner, settings map[string]string, fn func(
 	})
 }
 
+// MaxTimeout is the longest lock or statement timeout a component accepts:
+// the longest a Lambda invocation runs (15 minutes).
+const MaxTimeout = 15 * time.Minute
+
+// CheckTimeout reports a lock or statement timeout PostgreSQL would not
+// honour as written: under 1ms (PostgreSQL reads 0 as "no timeout"), not a
+// whole number of milliseconds (PostgreSQL would round it), or over
+// MaxTimeout. The message suggests only values that are valid.
+func CheckTimeout(d time.Duration) error {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Errorf("must be at least 1ms, got %s (PostgreSQL counts whole milliseconds, and 0 would mean no timeout at all)", d)
+	case d > MaxTimeout:
+		return fmt.Errorf("must be at most %s, the longest a Lambda invocation runs, got %s", MaxTimeout, d)
+	case d%time.Millisecond != 0:
+		down := d.Truncate(time.Millisecond)
+		return fmt.Errorf("must be a whole number of milliseconds, got %s (PostgreSQL counts whole milliseconds): use %s or %s", d, down, down+time.Millisecond)
+	}
+	return nil
+}
+
 // Timeouts returns the settings that bound lock waits and statements, for InTx.
 func Timeouts(lock, statement time.Duration) map[string]string {
 	return map[string]string{

@@ -149,10 +149,12 @@ func (c Config) Validate() error {
 	case c.RetentionMonths > MaxRetentionMonths:
 		return bad("RetentionMonths", "partition retention of %d months is more than %d (100 years); to keep the archive forever, set 0",
 			c.RetentionMonths, MaxRetentionMonths)
-	case c.LockTimeout < time.Millisecond:
-		return bad("LockTimeout", "partition lock timeout must be at least 1ms, got %s (0 would mean no timeout)", c.LockTimeout)
-	case c.StatementTimeout < time.Millisecond:
-		return bad("StatementTimeout", "partition statement timeout must be at least 1ms, got %s (0 would mean no timeout)", c.StatementTimeout)
+	}
+	if err := database.CheckTimeout(c.LockTimeout); err != nil {
+		return bad("LockTimeout", "partition lock timeout %s", err)
+	}
+	if err := database.CheckTimeout(c.StatementTimeout); err != nil {
+		return bad("StatementTimeout", "partition statement timeout %s", err)
 	}
 	return nil
 }

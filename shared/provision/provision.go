@@ -134,6 +134,21 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 	return res, nil
 }
 
+// privilegedSQL looks up a user: whether it exists, may log in, and is
+// privileged: the migrating user, or a role that reaches, through any chain
+// of memberships (pg_has_role MEMBER is transitive and includes the role
+// itself), a role with SUPERUSER, CREATEROLE, BYPASSRLS or REPLICATION, or a
+// predefined role that reads or writes everything or runs server programs.
+const privilegedSQL = `
+SELECT true, r.rolcanlogin,
+       r.rolname IN (current_user, session_user)
+       OR EXISTS (SELECT 1 FROM pg_roles p
+                   WHERE pg_has_role(r.oid, p.oid, 'MEMBER')
+                     AND (p.rolsuper OR p.rolcreaterole OR p.rolbypassrls OR p.rolreplication
+                          OR p.rolname IN ('pg_execute_server_program', 'pg_read_server_files', 'pg_write_server_files',
+                                           'pg_read_all_data', 'pg_write_all_data', 'rds_superuser')))
+  FROM pg_roles r WHERE r.rolname = $1`
+
 // ensureUsers creates each named user (WITH LOGIN, no password) and grants it
 // its group role, and rds_iam where that exists.
 func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, mayCreateRoles bool, logger *slog.Logger) ([]User, error) {
@@ -162,12 +177,7 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, mayCreateRole
 			ident := pgx.Identifier{u.Name}.Sanitize()
 			var exists, canLogin bool
 			var privileged bool
-			err := tx.QueryRow(ctx, `
-				SELECT true, rolcanlogin,
-				       rolname IN (current_user, session_user) OR rolsuper OR rolcreaterole OR rolbypassrls
-				       OR pg_has_role(oid, 'pg_write_all_data', 'MEMBER')
-				       OR EXISTS (SELECT 1 FROM pg_roles s WHERE s.rolname = 'rds_superuser' AND pg_has_role(r.oid, s.oid, 'MEMBER'))
-				  FROM pg_roles r WHERE rolname = $1`, u.Name).Scan(&exists, &canLogin, &privileged)
+			err := tx.QueryRow(ctx, privilegedSQL, u.Name).Scan(&exists, &canLogin, &privileged)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("look up user %s: %w", u.Name, err)
 			}

@@ -24,17 +24,26 @@ BEGIN
     IF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER') THEN
         EXECUTE format('GRANT idempotency_owner TO %I', current_user);
     END IF;
-    EXECUTE format('ALTER TABLE %I.idempotency_keys OWNER TO idempotency_owner', current_schema());
-    EXECUTE format('ALTER TABLE %I.idempotency_key_archive OWNER TO idempotency_owner', current_schema());
-    EXECUTE format('ALTER TABLE %I.idempotency_writers OWNER TO idempotency_owner', current_schema());
-    EXECUTE format('ALTER FUNCTION %I.idempotency_record_unbounded_writer() OWNER TO idempotency_owner', current_schema());
-    -- ALTER TABLE ... OWNER does not cascade to partitions that already exist.
+    -- Only where the owner is not right yet: ALTER ... OWNER takes an ACCESS
+    -- EXCLUSIVE lock even when nothing changes, and this runs on every
+    -- deploy, beside lookups and sweeps. ALTER TABLE ... OWNER does not
+    -- cascade to partitions that already exist, so they are listed too.
     FOR part_name IN
-        SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-         WHERE i.inhparent = format('%I.idempotency_key_archive', current_schema())::regclass
+        SELECT c.relname
+          FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+         WHERE c.relowner <> 'idempotency_owner'::regrole
+           AND (c.relname IN ('idempotency_keys', 'idempotency_key_archive', 'idempotency_writers')
+                OR c.oid IN (SELECT inhrelid FROM pg_inherits
+                              WHERE inhparent = format('%I.idempotency_key_archive', current_schema())::regclass))
+           AND c.relkind IN ('r', 'p')
     LOOP
         EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', current_schema(), part_name);
     END LOOP;
+    IF (SELECT proowner FROM pg_proc WHERE oid = format('%I.idempotency_record_unbounded_writer()', current_schema())::regprocedure)
+       <> 'idempotency_owner'::regrole THEN
+        EXECUTE format('ALTER FUNCTION %I.idempotency_record_unbounded_writer() OWNER TO idempotency_owner', current_schema());
+    END IF;
 
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
 

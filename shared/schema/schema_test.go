@@ -154,3 +154,28 @@ func TestUpgradeRecordsUnboundedWriters(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.False(t, bounded)
 }
+
+// A re-run of migrate (every deploy) takes no exclusive lock on the archive:
+// with a reader holding it, migrate still finishes.
+func TestARerunOfMigrateDoesNotLockTheArchive(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	ctx := context.Background()
+	reader, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = reader.Rollback(ctx) }()
+	_, err = reader.Exec(ctx, "SELECT count(*) FROM idempotency_key_archive")
+	require.NoError(t, err)
+	_, err = reader.Exec(ctx, "SELECT count(*) FROM idempotency_writers")
+	require.NoError(t, err)
+
+	conn, err := pgx.Connect(ctx, db.URL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "SET lock_timeout = '2s'")
+	require.NoError(t, err)
+	res, err := schema.Migrate(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err, "migrate waited for an exclusive lock behind a reader")
+	require.True(t, res.GrantsApplied)
+}

@@ -58,7 +58,7 @@ var Variables = []Variable{
 	{"ARCHIVE_STATEMENT_TIMEOUT", "3s", "statement_timeout of each archive lookup and investigation query, shortened to end before the invocation's deadline; whole milliseconds, 1ms to 15m"},
 	{"CLOCK_SKEW", "5m", "how far ahead of the store's clock a ULID/UUIDv7 key's timestamp may lie; 0 to 1h, 0 allows none; a key further ahead is answered from the archive or refused with 400"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
-	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%); 0 means no pause"},
+	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 to 15m; 0 means no pause"},
 	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch; whole milliseconds, 1ms to 15m"},
 	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 1ms to 15m"},
 	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s", "no batch starts when the invocation deadline is closer than this"},
@@ -66,8 +66,8 @@ var Variables = []Variable{
 	{"SWEEP_MISSING_PARTITION", "create", "create: make a missing month's partition and retry; fail: stop with an error naming the month"},
 	{"PARTITION_LEAD_MONTHS", "3", "months ahead of the current one that must have partitions (at least 2)"},
 	{"PARTITION_RETENTION_MONTHS", "0", "whole months kept before the current one, at most 1200; 0 keeps the archive forever"},
-	{"PARTITION_LOCK_TIMEOUT", "5s", "lock_timeout of partition DDL"},
-	{"PARTITION_STATEMENT_TIMEOUT", "2m", "statement_timeout of partition DDL"},
+	{"PARTITION_LOCK_TIMEOUT", "5s", "lock_timeout of partition DDL; whole milliseconds, 1ms to 15m"},
+	{"PARTITION_STATEMENT_TIMEOUT", "2m", "statement_timeout of partition DDL; whole milliseconds, 1ms to 15m"},
 }
 
 // FromEnv reads and validates the settings. getenv is os.Getenv outside tests.
@@ -172,6 +172,8 @@ func sweepVariable(err error) string {
 	var ce *sweep.ConfigError
 	if errors.As(err, &ce) {
 		switch ce.Field {
+		case "Pause":
+			return "SWEEP_PAUSE"
 		case "BatchSize":
 			return "SWEEP_BATCH_SIZE"
 		case "LockTimeout":

@@ -174,9 +174,12 @@ func TestPartitionRetentionIsBounded(t *testing.T) {
 	// Sweep timeouts PostgreSQL would read as "no timeout" or shorten, and
 	// values no Lambda invocation can honour, are refused naming the variable.
 	for name, value := range map[string]string{
-		"SWEEP_LOCK_TIMEOUT":      "900us",
-		"SWEEP_STATEMENT_TIMEOUT": "1500us",
-		"SWEEP_DEADLINE_MARGIN":   "15m",
+		"SWEEP_LOCK_TIMEOUT":          "900us",
+		"SWEEP_STATEMENT_TIMEOUT":     "1500us",
+		"SWEEP_DEADLINE_MARGIN":       "15m",
+		"SWEEP_PAUSE":                 "-1s",
+		"PARTITION_LOCK_TIMEOUT":      "1500us",
+		"PARTITION_STATEMENT_TIMEOUT": "16m",
 	} {
 		_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", name: value}))
 		if err == nil || !strings.HasPrefix(err.Error(), name+": ") {

@@ -71,16 +71,17 @@ const (
 // MaxInvocation is the longest a Lambda invocation can run (15 minutes): the
 // bound on every timeout and on the deadline margin, so that no setting the
 // sweeper accepts is one a Lambda function can never honour.
-const MaxInvocation = 15 * time.Minute
+const MaxInvocation = database.MaxTimeout
 
 // Config configures a Sweeper.
 type Config struct {
 	// BatchSize is the most rows one batch moves. Default 10,000; 1 to 50,000.
 	BatchSize int
-	// Pause is the wait between batches, jittered by ±25%. Zero (or
-	// negative) means no pause: zero is never replaced by a default, so a
-	// sweep asked to run flat out does. DefaultPause (200ms) is what the
-	// SWEEP_PAUSE variable and the --pause flag default to.
+	// Pause is the wait between batches, jittered by ±25%, 0 to
+	// MaxInvocation. Zero means no pause: zero is never replaced by a
+	// default, so a sweep asked to run flat out does. DefaultPause (200ms)
+	// is what the SWEEP_PAUSE variable and the --pause flag default to. A
+	// pause never runs past the deadline margin or MaxDuration.
 	Pause time.Duration
 	// LockTimeout bounds each wait for a lock inside a batch (lock_timeout).
 	// Default 2s; a whole number of milliseconds from 1ms to MaxInvocation.
@@ -114,7 +115,9 @@ func (c Config) WithDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, 10_000)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 2*time.Second)
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
-	c.DeadlineMargin = cmp.Or(c.DeadlineMargin, c.StatementTimeout+5*time.Second)
+	// Capped so that a statement timeout at its limit does not make a
+	// default margin that Validate refuses.
+	c.DeadlineMargin = cmp.Or(c.DeadlineMargin, min(c.StatementTimeout+5*time.Second, MaxInvocation-time.Second))
 	c.ResourceIDPath = cmp.Or(c.ResourceIDPath, "id")
 	c.BacklogCap = cmp.Or(c.BacklogCap, 10_000_000)
 	return c
@@ -123,7 +126,7 @@ func (c Config) WithDefaults() Config {
 // ConfigError is a Config.Validate error about one field, so that a caller can
 // name the field its own way (an environment variable, a flag, a payload key).
 type ConfigError struct {
-	// Field is the Config field: BatchSize, LockTimeout, StatementTimeout,
+	// Field is the Config field: Pause, BatchSize, LockTimeout, StatementTimeout,
 	// DeadlineMargin, MaxDuration, BacklogCap or ResourceIDPath.
 	Field string
 	Msg   string
@@ -136,6 +139,9 @@ func (e *ConfigError) Error() string { return e.Msg }
 func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if c.Pause < 0 || c.Pause > MaxInvocation {
+		return bad("Pause", "sweep pause must be between 0 (no pause) and %s, got %s", MaxInvocation, c.Pause)
 	}
 	if c.BatchSize < MinBatchSize || c.BatchSize > MaxBatchSize {
 		return bad("BatchSize", "sweep batch size must be between %d and %d, got %d", MinBatchSize, MaxBatchSize, c.BatchSize)
@@ -151,14 +157,8 @@ func (c Config) Validate() error {
 		// milliseconds, and 0 as "no timeout": 900µs would disable the bound
 		// and 1500µs would shorten it. Both are refused rather than rounded,
 		// so the timeout in force is exactly the one configured.
-		switch {
-		case t.d < time.Millisecond:
-			return bad(t.field, "sweep %s must be at least 1ms, got %s (PostgreSQL counts whole milliseconds, and 0 would mean no timeout at all)", t.name, t.d)
-		case t.d%time.Millisecond != 0:
-			return bad(t.field, "sweep %s must be a whole number of milliseconds, got %s (PostgreSQL counts whole milliseconds): use %s or %s",
-				t.name, t.d, t.d.Truncate(time.Millisecond), t.d.Truncate(time.Millisecond)+time.Millisecond)
-		case t.d > MaxInvocation:
-			return bad(t.field, "sweep %s must be at most %s, the longest a Lambda invocation runs, got %s", t.name, MaxInvocation, t.d)
+		if err := database.CheckTimeout(t.d); err != nil {
+			return bad(t.field, "sweep %s %s", t.name, err)
 		}
 	}
 	switch {
@@ -390,7 +390,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			return res, nil
 		}
 		if s.cfg.Pause > 0 {
-			if err := s.sleep(ctx, jitter(s.cfg.Pause)); err != nil {
+			if err := s.sleep(ctx, s.pauseFor(ctx, start)); err != nil {
 				res.Stopped = StoppedCanceled
 				return res, canceled(ctx, res)
 			}
@@ -405,6 +405,20 @@ var ErrCanceled = errors.New("sweep canceled")
 
 func canceled(ctx context.Context, res Result) error {
 	return fmt.Errorf("%w after %d batches (%d rows moved): %w", ErrCanceled, res.Batches, res.Moved, context.Cause(ctx))
+}
+
+// pauseFor is the jittered pause, cut short so that it ends when the
+// deadline margin or MaxDuration would stop the run: a long pause never
+// sleeps into the deadline. The loop's shouldStop then says why it stopped.
+func (s *Sweeper) pauseFor(ctx context.Context, start time.Time) time.Duration {
+	d := jitter(s.cfg.Pause)
+	if deadline, ok := ctx.Deadline(); ok {
+		d = min(d, max(0, time.Until(deadline)-s.cfg.DeadlineMargin))
+	}
+	if s.cfg.MaxDuration > 0 {
+		d = min(d, max(0, s.cfg.MaxDuration-time.Since(start)))
+	}
+	return d
 }
 
 func (s *Sweeper) shouldStop(ctx context.Context, start time.Time, batches int) string {

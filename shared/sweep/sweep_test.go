@@ -39,9 +39,6 @@ func setup(t *testing.T) bundle {
 
 func newSweeper(t *testing.T, pool *pgxpool.Pool, cfg sweep.Config, parts sweep.PartitionEnsurer, m *metrics.Emitter) *sweep.Sweeper {
 	t.Helper()
-	if cfg.Pause == 0 {
-		cfg.Pause = -1
-	}
 	s, err := sweep.New(pool, cfg, parts, m)
 	require.NoError(t, err)
 	return s
@@ -301,6 +298,29 @@ func TestStopsBeforeTheDeadlineAndAfterMaxDuration(t *testing.T) {
 	require.Zero(t, res.Backlog)
 }
 
+// A pause never sleeps into the deadline or past MaxDuration: it ends when
+// the run would stop, and the run says why it stopped.
+func TestALongPauseEndsAtTheDeadlineMargin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 30 {
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("k%02d", i), Status: 200, ExpiresAt: time.Now().Add(-time.Hour)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 5, Pause: 10 * time.Minute, DeadlineMargin: time.Second}, nil, nil).Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweep.StoppedDeadline, res.Stopped)
+	require.Equal(t, 1, res.Batches)
+	require.Less(t, time.Since(start), 2500*time.Millisecond, "woke before the deadline, not at it")
+
+	res, err = newSweeper(t, b.sweeper, sweep.Config{BatchSize: 5, Pause: 10 * time.Minute, MaxDuration: 300 * time.Millisecond}, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, sweep.StoppedMaxDuration, res.Stopped)
+	require.Equal(t, 1, res.Batches)
+}
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []sweep.Config{
@@ -324,14 +344,24 @@ func TestConfigValidation(t *testing.T) {
 		{sweep.Config{StatementTimeout: 16 * time.Minute}, "StatementTimeout"},
 		{sweep.Config{LockTimeout: sweep.MaxInvocation + time.Millisecond}, "LockTimeout"},
 		{sweep.Config{DeadlineMargin: sweep.MaxInvocation}, "DeadlineMargin"},
+		{sweep.Config{Pause: -time.Second}, "Pause"},
+		{sweep.Config{Pause: sweep.MaxInvocation + 1}, "Pause"},
+		{sweep.Config{StatementTimeout: 1<<63 - 1}, "StatementTimeout"},
 	} {
 		_, err := sweep.New(nil, c.cfg, nil, nil)
 		var cerr *sweep.ConfigError
 		require.ErrorAs(t, err, &cerr, "%+v", c.cfg)
 		require.Equal(t, c.field, cerr.Field, "%+v", c.cfg)
 	}
+	// The error for an out-of-range value with a fraction says the range,
+	// not a rounding suggestion out of range itself.
+	_, err := sweep.New(nil, sweep.Config{StatementTimeout: 1<<63 - 1}, nil, nil)
+	require.ErrorContains(t, err, "must be at most 15m0s")
+	// A statement timeout at its limit gets a default margin Validate takes.
+	_, err = sweep.New(nil, sweep.Config{StatementTimeout: sweep.MaxInvocation}, nil, nil)
+	require.NoError(t, err)
 	// The bounds themselves are accepted.
-	_, err := sweep.New(nil, sweep.Config{LockTimeout: time.Millisecond, StatementTimeout: sweep.MaxInvocation,
+	_, err = sweep.New(nil, sweep.Config{LockTimeout: time.Millisecond, StatementTimeout: sweep.MaxInvocation,
 		DeadlineMargin: sweep.MaxInvocation - time.Millisecond}, nil, nil)
 	require.NoError(t, err)
 }
