@@ -135,3 +135,25 @@ archivectl: ## Build the operator CLI into bin/archivectl
 .PHONY: db-shell
 db-shell: archivectl ## Throwaway database, migrated and partitioned, with a shell that has DATABASE_URL set
 	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bash -c 'bin/archivectl migrate && bin/archivectl partitions && echo "DATABASE_URL=$$DATABASE_URL (exit the shell to stop it)" && PATH="$$PWD/bin:$$PATH" bash -i'
+
+# The measurements of issue 10 (cmd/archivebench) on a throwaway PostgreSQL:
+# every figure beside a baseline measured in the same run. Writes
+# BENCHMARKS.md and bin/bench.json; about 5 minutes on 2 cores after the
+# builds. BENCH_LIVE_ROWS, BENCH_ROWS_PER_MONTH, BENCH_MONTHS, BENCH_LOOKUPS,
+# BENCH_FRESH_REQUESTS and BENCH_COLD_STARTS scale it.
+.PHONY: bench
+bench: build build-local bench-baseline bin/archivebench $(RIE) ## Sweep, lookup, storage, fresh-key and cold-start figures against baselines: writes BENCHMARKS.md (about 5 min)
+	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bin/archivebench -json bin/bench.json -md BENCHMARKS.md -command "make bench"
+
+# The cold-start and size baseline: a Go function that imports only aws-lambda-go.
+.PHONY: bench-baseline
+bench-baseline: bin/lambdalocal
+	@echo "  build  bin/bench/nullfn/bootstrap (linux/arm64), bin/bench/nullfn.zip, bin/bench/local/nullfn/bootstrap"
+	@CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build $(BUILD_FLAGS) -o bin/bench/nullfn/bootstrap ./cmd/archivebench/nullfn
+	@bin/lambdalocal zip -o bin/bench/nullfn.zip bin/bench/nullfn/bootstrap
+	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o bin/bench/local/nullfn/bootstrap ./cmd/archivebench/nullfn
+
+.PHONY: bin/archivebench
+bin/archivebench:
+	@echo "  build  bin/archivebench"
+	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/archivebench ./cmd/archivebench
