@@ -142,9 +142,9 @@ func benchFunctions(ctx context.Context, base, bin, events, rie string, starts i
 			if err != nil {
 				return sec, fmt.Errorf("%s with inittrace: %w", f.name, err)
 			}
-			lines := parseInitTrace(out)
-			if len(lines) == 0 {
-				return sec, fmt.Errorf("%s printed no inittrace lines with GODEBUG=inittrace=1", f.name)
+			lines, ok := functionInit(parseInitTrace(out))
+			if !ok {
+				return sec, fmt.Errorf("%s printed no inittrace lines of its own with GODEBUG=inittrace=1", f.name)
 			}
 			inits = append(inits, summarizeInit(lines, 6))
 		}

@@ -24,6 +24,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -112,11 +113,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	events := fs.String("events", "events", "directory of the sample events")
 	rie := fs.String("rie", "bin/tools/aws-lambda-rie", "the Lambda Runtime Interface Emulator")
 	command := fs.String("command", "", "the command to name in the report (default: this one)")
+	render := fs.String("render", "", "measure nothing: print the tables of this JSON file of an earlier run (and write -md)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *render != "" {
+		return renderJSON(*render, *mdPath, stdout)
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
@@ -192,6 +197,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *mdPath != "" {
 		if err := os.WriteFile(*mdPath, []byte(rep.document(tables)), 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", *mdPath, err)
+		}
+	}
+	return nil
+}
+
+// renderJSON writes the tables and the document of an earlier run again.
+func renderJSON(path, mdPath string, stdout io.Writer) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("-render: %w", err)
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("-render %s: %w", path, err)
+	}
+	tables := rep.tables()
+	if _, err := io.WriteString(stdout, tables); err != nil {
+		return err
+	}
+	if mdPath != "" {
+		if err := os.WriteFile(mdPath, []byte(rep.document(tables)), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", mdPath, err)
 		}
 	}
 	return nil

@@ -70,6 +70,41 @@ func parseInitTrace(out string) []initLine {
 	return lines
 }
 
+// splitInitRuns splits inittrace lines into one run per process: each
+// process's lines start near @0 ms and only grow, so a line earlier than
+// the one before it begins the next process. Under the emulator, the
+// emulator (which inherits GODEBUG) initialises first, then the function.
+func splitInitRuns(lines []initLine) [][]initLine {
+	var runs [][]initLine
+	for i, l := range lines {
+		if i == 0 || l.AtMS < lines[i-1].AtMS {
+			runs = append(runs, nil)
+		}
+		runs[len(runs)-1] = append(runs[len(runs)-1], l)
+	}
+	return runs
+}
+
+// functionInit returns the run of the process that is not the emulator's
+// (which initialises packages of emulatorModule), or false.
+func functionInit(lines []initLine) ([]initLine, bool) {
+	for _, run := range splitInitRuns(lines) {
+		emulator := false
+		for _, l := range run {
+			if strings.HasPrefix(l.Package, emulatorModule) {
+				emulator = true
+				break
+			}
+		}
+		if !emulator {
+			return run, true
+		}
+	}
+	return nil, false
+}
+
+const emulatorModule = "github.com/aws/aws-lambda-runtime-interface-emulator"
+
 // initSummary is what a function's package initialisation cost.
 type initSummary struct {
 	Packages int     `json:"packages"`

@@ -48,6 +48,21 @@ init broken @x ms, 0.1 ms clock, 1 bytes, 1 allocs
 	}, s.Top)
 }
 
+func TestFunctionInitSkipsTheEmulator(t *testing.T) {
+	t.Parallel()
+	out := `init runtime @0.02 ms, 0.03 ms clock, 0 bytes, 0 allocs
+init github.com/aws/aws-lambda-runtime-interface-emulator/internal/rapi @1.5 ms, 0.2 ms clock, 10 bytes, 1 allocs
+START RequestId: 1
+init runtime @0.01 ms, 0.02 ms clock, 0 bytes, 0 allocs
+init github.com/jackc/pgx/v5 @2.0 ms, 0.4 ms clock, 20 bytes, 2 allocs`
+	run, ok := functionInit(parseInitTrace(out))
+	require.True(t, ok)
+	require.Len(t, run, 2)
+	require.Equal(t, "github.com/jackc/pgx/v5", run[1].Package)
+	_, ok = functionInit(parseInitTrace("init github.com/aws/aws-lambda-runtime-interface-emulator @0.1 ms, 0.1 ms clock, 0 bytes, 0 allocs"))
+	require.False(t, ok)
+}
+
 func TestDependency(t *testing.T) {
 	t.Parallel()
 	for pkg, want := range map[string]string{
