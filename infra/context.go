@@ -52,6 +52,18 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 	return p, c.str("stackName", DefaultStackName), c.err
 }
 
+// zeroMeans lists the numeric props whose zero means something (0 months of
+// retention: keep forever). Every other numeric prop, set, must be positive:
+// a 0 would only mean "the default", and a value set is never silently
+// replaced by one.
+var zeroMeans = map[string]bool{"partitionRetentionMonths": true, "auroraMinCapacity": true}
+
+func (c *contextReader) positive(name string, v float64) {
+	if v <= 0 && !zeroMeans[name] {
+		c.fail(name, fmt.Errorf("must be positive, got %v (leave it unset for the default)", v))
+	}
+}
+
 type contextReader struct {
 	get func(*string) any
 	err error
@@ -87,6 +99,7 @@ func (c *contextReader) int(name string) int {
 	if err != nil {
 		c.fail(name, err)
 	}
+	c.positive(name, float64(n))
 	return n
 }
 
@@ -99,6 +112,7 @@ func (c *contextReader) float(name string) float64 {
 	if err != nil {
 		c.fail(name, err)
 	}
+	c.positive(name, f)
 	return f
 }
 
@@ -128,5 +142,6 @@ func (c *contextReader) duration(name string) time.Duration {
 	if err != nil {
 		c.fail(name, err)
 	}
+	c.positive(name, float64(d))
 	return d
 }

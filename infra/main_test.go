@@ -52,6 +52,16 @@ func TestPropsFromContext(t *testing.T) {
 	require.ErrorContains(t, err, "context sweepInterval")
 	_, _, err = propsFromContext(contextOf(map[string]any{"deletionProtection": "maybe"}))
 	require.ErrorContains(t, err, "context deletionProtection")
+
+	// AND a zero that could only mean "the default" is refused, never
+	// silently replaced; a zero that means something is kept
+	for name, v := range map[string]any{"liveTtl": "0s", "sweepBatchSize": float64(0), "partitionLeadMonths": "0", "sweepInterval": "-5m"} {
+		_, _, err = propsFromContext(contextOf(map[string]any{name: v}))
+		require.ErrorContains(t, err, "context "+name+": must be positive", name)
+	}
+	p, _, err = propsFromContext(contextOf(map[string]any{"partitionRetentionMonths": "0"}))
+	require.NoError(t, err)
+	require.Zero(t, p.PartitionRetentionMonths)
 }
 
 func TestSynthWritesTheTemplateSAMCanInvoke(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/provision"
+	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
 // PhysicalID names the one schema the resource stands for. It never changes,
@@ -39,6 +40,8 @@ type properties struct {
 	SweeperUser string
 	ReaderUser  string
 	OwnerUser   string
+	// WriterUser (optional) is the API services' user.
+	WriterUser string
 }
 
 // triggers are properties that exist only to make CloudFormation send an
@@ -81,9 +84,17 @@ func (h *handler) Handle(ctx context.Context, ev cfn.Event) (physicalID string, 
 		return physicalID, nil, err
 	}
 	res, err := provision.Run(ctx, pool, provision.Config{
-		Users:      provision.Users{Sweeper: props.SweeperUser, Reader: props.ReaderUser, Owner: props.OwnerUser},
+		Users:      provision.Users{Sweeper: props.SweeperUser, Reader: props.ReaderUser, Owner: props.OwnerUser, Writer: props.WriterUser},
 		Partitions: h.env.Settings.Partitions,
 	}, log, h.env.Metrics)
+	if errors.Is(err, schema.ErrSchemaAhead) && ev.RequestType == cfn.RequestUpdate {
+		// The rollback of a deploy that migrated further (or this older
+		// package deployed over a newer schema): migrations only add, so
+		// the newer schema serves this code. Failing here would leave the
+		// stack in UPDATE_ROLLBACK_FAILED.
+		log.WarnContext(ctx, "the schema is newer than this package: left as it is (a rollback?)", "error", err)
+		return physicalID, map[string]any{"SchemaVersion": res.Schema.FromVersion, "PartitionsCreated": 0, "NewestPartition": ""}, nil
+	}
 	if err != nil {
 		return physicalID, nil, err
 	}
@@ -101,7 +112,7 @@ func (h *handler) Handle(ctx context.Context, ev cfn.Event) (physicalID string, 
 // misspelt user property fails the deploy instead of creating no user.
 func decode(raw map[string]any) (properties, error) {
 	var p properties
-	known := append([]string{"SweeperUser", "ReaderUser", "OwnerUser"}, triggers...)
+	known := append([]string{"SweeperUser", "ReaderUser", "OwnerUser", "WriterUser"}, triggers...)
 	for k, v := range raw {
 		if !slices.Contains(known, k) {
 			return p, fmt.Errorf("unknown resource property %q (want %s)", k, strings.Join(known, ", "))

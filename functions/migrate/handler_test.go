@@ -69,6 +69,7 @@ type bundle struct {
 	users  provision.Users
 	cfn    *cloudFormation
 	stdout *testenv.SyncBuffer
+	stderr *testenv.SyncBuffer
 	invoke func(event []byte) cfn.Response
 }
 
@@ -86,7 +87,7 @@ func setup(t *testing.T) bundle {
 	_, err = admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize())
 	admin.Close(ctx)
 	require.NoError(t, err)
-	users := provision.Users{Sweeper: "sweeper_" + suffix, Reader: "reader_" + suffix, Owner: "owner_" + suffix}
+	users := provision.Users{Sweeper: "sweeper_" + suffix, Reader: "reader_" + suffix, Owner: "owner_" + suffix, Writer: "api_" + suffix}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -108,10 +109,10 @@ func setup(t *testing.T) bundle {
 	db := &dbtest.DB{Schema: name, URL: dbtest.WithSearchPath(t, base, name)}
 	db.Pool = db.NewPool(t)
 
-	env, stdout, _ := testenv.FunctionEnv(t, db, nil)
+	env, stdout, stderr := testenv.FunctionEnv(t, db, nil)
 	h := lambda.NewHandler(cfn.LambdaWrap((&handler{env: env}).Handle))
 	c := newCloudFormation(t)
-	b := bundle{db: db, users: users, cfn: c, stdout: stdout}
+	b := bundle{db: db, users: users, cfn: c, stdout: stdout, stderr: stderr}
 	b.invoke = func(event []byte) cfn.Response {
 		t.Helper()
 		_, err := h.Invoke(testenv.Invocation("req-"+suffix), event)
@@ -136,6 +137,9 @@ func (b bundle) event(t *testing.T, fixture string, change func(props map[string
 	ev["ResponseURL"] = b.cfn.URL
 	props := ev["ResourceProperties"].(map[string]any)
 	props["SweeperUser"], props["ReaderUser"], props["OwnerUser"] = b.users.Sweeper, b.users.Reader, b.users.Owner
+	if b.users.Writer != "" {
+		props["WriterUser"] = b.users.Writer
+	}
 	if change != nil {
 		change(props)
 	}
@@ -175,7 +179,8 @@ func TestCreateMigratesCreatesUsersAndPartitions(t *testing.T) {
 	require.Len(t, testenv.Lines(b.stdout.String(), `"idempotency_archive_newest_partition_days"`), 1, "the partition run's metrics, so the lead alarm has data from the deploy on")
 
 	// AND each function has a login user with its least-privilege role
-	for user, role := range map[string]string{b.users.Sweeper: schema.SweeperRole, b.users.Reader: schema.ReaderRole, b.users.Owner: schema.OwnerRole} {
+	for user, role := range map[string]string{b.users.Sweeper: schema.SweeperRole, b.users.Reader: schema.ReaderRole, b.users.Owner: schema.OwnerRole,
+		b.users.Writer: schema.WriterRole} {
 		require.EqualValues(t, 1, count(t, b, "SELECT count(*) FROM pg_roles WHERE rolname = $1 AND rolcanlogin AND NOT rolsuper", user), user)
 		require.True(t, memberOf(t, b, user, role), "%s is granted %s", user, role)
 	}
@@ -344,4 +349,25 @@ func TestRDSIAMIsGrantedWhereItExists(t *testing.T) {
 	for _, u := range []string{b.users.Sweeper, b.users.Reader, b.users.Owner} {
 		require.True(t, memberOf(t, b, u, provision.IAMRole), u)
 	}
+}
+
+// A rollback runs the older package against the schema the failed deploy
+// migrated further: it must answer SUCCESS (migrations only add), or the
+// stack is stuck in UPDATE_ROLLBACK_FAILED. A Create against a newer schema
+// fails, naming both versions.
+func TestARollbackOverANewerSchemaSucceeds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.Equal(t, cfn.StatusSuccess, b.invoke(b.event(t, "migrate-cfn-create.json", nil)).Status)
+	_, err := b.db.Pool.Exec(context.Background(), "UPDATE "+schema.VersionTable+" SET version = 99")
+	require.NoError(t, err)
+
+	resp := b.invoke(b.event(t, "migrate-cfn-update.json", nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	require.EqualValues(t, 99, resp.Data["SchemaVersion"])
+	require.Contains(t, b.stdout.String()+b.stderr.String(), "the schema is newer than this package")
+
+	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusFailed, resp.Status)
+	require.Contains(t, resp.Reason, "it is at version 99, this code knows versions up to 5")
 }

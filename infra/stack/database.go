@@ -151,7 +151,7 @@ func NewDatabase(scope constructs.Construct, id string, net *Network, p Props) *
 	})
 	// End-to-end IAM: the proxy's role signs in to the database as each
 	// function's user.
-	for _, user := range []string{SweeperUser, ReaderUser, OwnerUser} {
+	for _, user := range []string{SweeperUser, ReaderUser, OwnerUser, WriterUser} {
 		proxyRole.AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 			Actions:   jsii.Strings("rds-db:connect"),
 			Resources: &[]*string{db.dbUserArn(user)},

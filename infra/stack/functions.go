@@ -97,10 +97,12 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 	f.Migrate = newFunction(c, net, db, p, fnSpec{
 		name: "migrate", description: "CloudFormation custom resource: migrates the schema, creates the users and the partitions",
 		memory: 256,
-		// Migrations take the tern advisory lock and partition DDL waits up
-		// to PARTITION_LOCK_TIMEOUT; the handler answers CloudFormation
-		// before this, even when the database is unreachable.
-		timeout: 5 * time.Minute,
+		// Migrations take the tern advisory lock, a new index is built on
+		// every archive partition, and partition DDL waits up to
+		// PARTITION_LOCK_TIMEOUT: the longest Lambda allows. The handler
+		// answers CloudFormation before it, even when the database is
+		// unreachable.
+		timeout: 15 * time.Minute,
 		user:    MasterUser,
 	})
 	return f

@@ -45,6 +45,7 @@ func NewMigration(scope constructs.Construct, id string, net *Network, db *Datab
 			"SweeperUser":     SweeperUser,
 			"ReaderUser":      ReaderUser,
 			"OwnerUser":       OwnerUser,
+			"WriterUser":      WriterUser,
 			"PackageSha256":   digest,
 			"LeadMonths":      fmt.Sprint(p.PartitionLeadMonths),
 			"RetentionMonths": fmt.Sprint(p.PartitionRetentionMonths),
@@ -52,6 +53,10 @@ func NewMigration(scope constructs.Construct, id string, net *Network, db *Datab
 		// The archive is permanent: deleting the stack never drops it (the
 		// database's own removal policy decides what remains).
 		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
+		// Beyond the function's 15-minute timeout: a function that dies
+		// before answering (a bad configuration at init) fails the deploy
+		// after this, not after CloudFormation's default hour.
+		ServiceTimeout: awscdk.Duration_Minutes(jsii.Number(20)),
 	})
 	// The function connects through the proxy once the proxy has its target,
 	// and answers through the S3 gateway endpoint.

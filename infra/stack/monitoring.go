@@ -8,6 +8,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
 	"github.com/aws/constructs-go/constructs/v10"
@@ -34,6 +35,9 @@ const (
 	// DurationNearTimeout is the fraction of its timeout a sweep may run
 	// before its duration alarm fires.
 	DurationNearTimeout = 0.9
+	// LookupServerErrorsMetric counts lookups answered 5xx, from the lookup
+	// function's log lines.
+	LookupServerErrorsMetric = "idempotency_archive_lookup_5xx"
 )
 
 // Monitoring holds the alarms (one per checklist item, plus the functions'
@@ -53,7 +57,7 @@ type Monitoring struct {
 // NewMonitoring builds the topics, the alarms and the dashboard. It fails
 // when a checklist metric of shared/metrics has no alarm here, so that a
 // metric added to the checklist cannot ship unwatched.
-func NewMonitoring(scope constructs.Construct, id string, fns *Functions, p Props) (*Monitoring, error) {
+func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *API, p Props) (*Monitoring, error) {
 	c := constructs.NewConstruct(scope, jsii.String(id))
 	m := &Monitoring{Construct: c, Checklist: map[string]awscloudwatch.Alarm{}}
 	if p.AlarmTopicArn != "" {
@@ -104,11 +108,18 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, p Prop
 	// One builder per checklist item, keyed by the code's metric names.
 	checklist := map[string]func(metrics.Definition) awscloudwatch.Alarm{
 		metrics.ExpiredBacklog: func(d metrics.Definition) awscloudwatch.Alarm {
-			return alarm("expired-backlog", metric(d.Name, "Maximum", minutes(5)), m.Page, &awscloudwatch.CreateAlarmOptions{
-				AlarmDescription:   describe(d, "check the sweep function's errors and duration; run archivectl sweep to drain by hand."),
+			// One window per sweep interval. Three windows in a row without
+			// a report page too: every run reports the backlog, so silence
+			// means no run, or a backlog too large to count in time.
+			window := awscdk.Duration_Minutes(jsii.Number(max(5, p.SweepInterval.Minutes())))
+			return alarm("expired-backlog", metric(d.Name, "Maximum", window), m.Page, &awscloudwatch.CreateAlarmOptions{
+				AlarmDescription: describe(d, "check the sweep function's errors and duration; run archivectl sweep to drain by hand. "+
+					"No report for three sweep intervals also fires this alarm: check that the sweep schedule is enabled and the function runs."),
 				Threshold:          jsii.Number(BacklogThreshold),
 				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
-				EvaluationPeriods:  jsii.Number(1),
+				EvaluationPeriods:  jsii.Number(3),
+				DatapointsToAlarm:  jsii.Number(3),
+				TreatMissingData:   awscloudwatch.TreatMissingData_BREACHING,
 			})
 		},
 		metrics.ArchivedTotal: func(d metrics.Definition) awscloudwatch.Alarm {
@@ -135,9 +146,11 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, p Prop
 			return alarm("partition-lead", metric(d.Name, "Minimum", day), m.Page, &awscloudwatch.CreateAlarmOptions{
 				AlarmDescription: describe(d, "invoke the partitions function (or archivectl partitions) and read its error."),
 				Threshold:        jsii.Number(PartitionDaysThreshold),
-				// No report in a day means the partition manager is not
-				// running: that is as bad as a short lead.
-				TreatMissingData:   awscloudwatch.TreatMissingData_BREACHING,
+				// One report a day: a daily window may hold none while the
+				// run's time drifts, so a missing day keeps the state. The
+				// partitions-not-running alarm below catches a manager
+				// that stopped.
+				TreatMissingData:   awscloudwatch.TreatMissingData_IGNORE,
 				ComparisonOperator: awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD,
 				EvaluationPeriods:  jsii.Number(1),
 			})
@@ -195,7 +208,10 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, p Prop
 	for _, f := range fnList {
 		topic := m.Page
 		if f.name == "migrate" {
-			topic = m.Notify // a failed migration already failed its deploy
+			// A refused migration answers FAILED to CloudFormation and
+			// fails its deploy without failing the invocation; this
+			// counts the crashes and timeouts that answer nothing.
+			topic = m.Notify
 		}
 		alarm(f.name+"-errors", f.fn.MetricErrors(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), topic,
 			&awscloudwatch.CreateAlarmOptions{
@@ -212,6 +228,57 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, p Prop
 				EvaluationPeriods:  jsii.Number(1),
 			})
 	}
+	// Scheduled functions that stopped running (a disabled rule, a broken
+	// target) invoke nothing and so fail nothing: watch their invocations.
+	for _, n := range []struct {
+		name    string
+		fn      awslambda.Function
+		period  awscdk.Duration
+		periods float64
+	}{
+		{"sweep", fns.Sweep, awscdk.Duration_Minutes(jsii.Number(max(15, 3*p.SweepInterval.Minutes()))), 1},
+		{"partitions", fns.Partitions, day, 2},
+	} {
+		alarm(n.name+"-not-running", n.fn.MetricInvocations(&awscloudwatch.MetricOptions{Period: n.period, Statistic: jsii.String("Sum")}), m.Page,
+			&awscloudwatch.CreateAlarmOptions{
+				AlarmDescription: jsii.String(fmt.Sprintf("The %s function was not invoked on schedule. "+
+					"What to do: check that its EventBridge rule is enabled and targets the function, and the failed-invocations queue.", n.name)),
+				Threshold:          jsii.Number(1),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(n.periods),
+				DatapointsToAlarm:  jsii.Number(n.periods),
+				TreatMissingData:   awscloudwatch.TreatMissingData_BREACHING,
+			})
+	}
+
+	// Lookups that fail answer a 5xx problem rather than failing the
+	// invocation, so Errors does not count them: the API's 5xx and the
+	// lookup function's own "lookup answered" lines with a 5xx status (direct
+	// invocations by the middleware included) do.
+	lookup5xx := awslogs.NewMetricFilter(c, jsii.String("LookupServerErrors"), &awslogs.MetricFilterProps{
+		LogGroup:        fns.Lookup.LogGroup(),
+		FilterPattern:   awslogs.FilterPattern_Literal(jsii.String(`{ $.msg = "lookup answered" && $.status >= 500 }`)),
+		MetricNamespace: jsii.String(p.MetricsNamespace),
+		MetricName:      jsii.String(LookupServerErrorsMetric),
+		MetricValue:     jsii.String("1"),
+		DefaultValue:    jsii.Number(0),
+	})
+	alarm("lookup-5xx", lookup5xx.Metric(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), m.Page,
+		&awscloudwatch.CreateAlarmOptions{
+			AlarmDescription: jsii.String("Lookups answered 5xx (database or proxy unreachable, timeouts): the middleware is failing closed (503) for fresh keys. " +
+				"What to do: read the lookup function's \"lookup failed\" lines; check the proxy's and the database's health."),
+			Threshold:          jsii.Number(5),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(1),
+		})
+	alarm("api-5xx", api.HTTPAPI.MetricServerError(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), m.Page,
+		&awscloudwatch.CreateAlarmOptions{
+			AlarmDescription:   jsii.String("The lookup HTTP API answered 5xx. What to do: read the API's access log and the lookup function's log group."),
+			Threshold:          jsii.Number(5),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(1),
+		})
+
 	timeoutMs := float64(p.sweepTimeout().Milliseconds())
 	alarm("sweep-duration", fns.Sweep.MetricDuration(&awscloudwatch.MetricOptions{Period: minutes(15), Statistic: jsii.String("Maximum")}), m.Notify,
 		&awscloudwatch.CreateAlarmOptions{

@@ -77,25 +77,56 @@ func TestChecklistThresholds(t *testing.T) {
 	// GIVEN the stack
 	b := setup(t, nil)
 	page := assertions.NewCapture(nil)
-	// THEN the backlog alarm pages above 100,000
+	// THEN the backlog alarm pages above 100,000, and when no sweep has
+	// reported for three intervals
 	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 		"MetricName":         metrics.ExpiredBacklog,
 		"Namespace":          metrics.DefaultNamespace,
 		"Statistic":          "Maximum",
 		"Threshold":          100000,
 		"ComparisonOperator": "GreaterThanThreshold",
+		"EvaluationPeriods":  3,
+		"TreatMissingData":   "breaching",
 		"AlarmActions":       []any{page},
 	})
-	// AND the partition lead pages below 30 days, and when no report comes
+	// AND the partition lead pages below 30 days; a day without its one
+	// report keeps the state (the run's time drifts within the day)
 	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 		"MetricName":         metrics.ArchiveNewestPartitionDays,
 		"Statistic":          "Minimum",
 		"Period":             86400,
 		"Threshold":          30,
 		"ComparisonOperator": "LessThanThreshold",
-		"TreatMissingData":   "breaching",
+		"TreatMissingData":   "ignore",
 		"AlarmActions":       []any{page.AsObject()},
 	})
+	// AND scheduled functions that stop being invoked page: a disabled
+	// rule fails nothing
+	for fn, period := range map[string]int{"sweep": 900, "partitions": 86400} {
+		b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"AlarmName":          "Test-" + fn + "-not-running",
+			"Namespace":          "AWS/Lambda",
+			"MetricName":         "Invocations",
+			"Period":             period,
+			"Threshold":          1,
+			"ComparisonOperator": "LessThanThreshold",
+			"TreatMissingData":   "breaching",
+			"AlarmActions":       []any{page.AsObject()},
+		})
+	}
+	// AND lookups answered 5xx page, from the API and from the function's
+	// own log lines (direct invocations answer 5xx without failing)
+	b.template.HasResourceProperties(jsii.String("AWS::Logs::MetricFilter"), map[string]any{
+		"FilterPattern": `{ $.msg = "lookup answered" && $.status >= 500 }`,
+		"MetricTransformations": []any{map[string]any{
+			"MetricName": LookupServerErrorsMetric, "MetricNamespace": metrics.DefaultNamespace, "MetricValue": "1", "DefaultValue": 0,
+		}},
+	})
+	for _, name := range []string{"Test-lookup-5xx", "Test-api-5xx"} {
+		b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"AlarmName": name, "Threshold": 5, "AlarmActions": []any{page.AsObject()},
+		})
+	}
 	// AND any expired replay notifies
 	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 		"MetricName":         metrics.ExpiredReplayTotal,

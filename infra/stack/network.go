@@ -2,6 +2,7 @@ package stack
 
 import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
@@ -49,10 +50,17 @@ func NewNetwork(scope constructs.Construct, id string, p Props) *Network {
 			SubnetType: awsec2.SubnetType_PRIVATE_ISOLATED,
 			CidrMask:   jsii.Number(24),
 		}},
-		GatewayEndpoints: &map[string]*awsec2.GatewayVpcEndpointOptions{
-			"S3": {Service: awsec2.GatewayVpcEndpointAwsService_S3()},
-		},
 	})
+	// The S3 endpoint carries one thing: the migration function's answer to
+	// CloudFormation, a PUT to a pre-signed URL in CloudFormation's response
+	// buckets. Its policy allows that and nothing else, so no function can
+	// send data to any other bucket, pre-signed URL or not.
+	s3 := vpc.AddGatewayEndpoint(jsii.String("S3"), &awsec2.GatewayVpcEndpointOptions{Service: awsec2.GatewayVpcEndpointAwsService_S3()})
+	s3.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+		Actions:    jsii.Strings("s3:PutObject"),
+		Resources:  jsii.Strings("arn:aws:s3:::cloudformation-custom-resource-response-*/*"),
+	}))
 	// Rejected connections are the first thing to look at when a function
 	// times out connecting to the proxy.
 	vpc.AddFlowLog(jsii.String("FlowLog"), &awsec2.FlowLogOptions{
@@ -74,9 +82,12 @@ func NewNetwork(scope constructs.Construct, id string, p Props) *Network {
 	functions := awsec2.NewSecurityGroup(c, jsii.String("FunctionsSecurityGroup"), &awsec2.SecurityGroupProps{
 		Vpc:         vpc,
 		Description: jsii.String("Idempotency archive functions: out to the database proxy and the VPC endpoints only"),
-		// The subnets have no route out of the VPC, so "all outbound" reaches
-		// the proxy and the endpoints and nothing else.
-		AllowAllOutbound: jsii.Bool(true),
+		// Out: the proxy on 5432 (added where the proxy lets the functions
+		// in) and HTTPS, which in these isolated subnets reaches only the
+		// S3 gateway endpoint.
+		AllowAllOutbound: jsii.Bool(false),
 	})
+	functions.AddEgressRule(awsec2.Peer_AnyIpv4(), awsec2.Port_Tcp(jsii.Number(443)),
+		jsii.String("HTTPS: the S3 gateway endpoint (CloudFormation responses)"), nil)
 	return &Network{Construct: c, Vpc: vpc, Functions: functions, SecretsManager: secrets}
 }

@@ -108,6 +108,9 @@ const (
 	SweeperUser  = "idemarchive_sweeper"
 	ReaderUser   = "idemarchive_reader"
 	OwnerUser    = "idemarchive_owner"
+	// WriterUser is the user of the API services' Postgres live store
+	// (idempotency_writer); see Stack.GrantWriterConnect.
+	WriterUser = "idemarchive_api"
 )
 
 // withDefaults returns p with every unset field at its default.

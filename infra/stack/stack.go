@@ -24,6 +24,7 @@ package stack
 
 import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
@@ -61,8 +62,12 @@ func New(scope constructs.Construct, id string, p Props) (*Stack, error) {
 		return nil, err
 	}
 	s.Schedules = NewSchedules(s.Stack, "Schedules", s.Functions, p)
+	// No scheduled run before the deploy's migration: on a fresh stack the
+	// schema and the users would not exist yet.
+	s.Schedules.Sweep.Node().AddDependency(s.Migration.Resource)
+	s.Schedules.Partitions.Node().AddDependency(s.Migration.Resource)
 	s.API = NewAPI(s.Stack, "Api", s.Functions.Lookup, p)
-	if s.Monitoring, err = NewMonitoring(s.Stack, "Monitoring", s.Functions, p); err != nil {
+	if s.Monitoring, err = NewMonitoring(s.Stack, "Monitoring", s.Functions, s.API, p); err != nil {
 		return nil, err
 	}
 	suppress(s)
@@ -72,10 +77,28 @@ func New(scope constructs.Construct, id string, p Props) (*Stack, error) {
 	awscdk.NewCfnOutput(s.Stack, jsii.String("LookupFunctionName"), &awscdk.CfnOutputProps{
 		Value: s.Functions.Lookup.FunctionName(), Description: jsii.String("For the middleware's Lambda archive client (lambda:InvokeFunction)"),
 	})
+	awscdk.NewCfnOutput(s.Stack, jsii.String("WriterDatabaseUrl"), &awscdk.CfnOutputProps{
+		Value:       jsii.String(s.Database.URL(WriterUser)),
+		Description: jsii.String("DATABASE_URL for API services' Postgres live store (IAM token; GrantWriterConnect, AllowDatabaseFrom)"),
+	})
 	awscdk.NewCfnOutput(s.Stack, jsii.String("ProxyEndpoint"), &awscdk.CfnOutputProps{
 		Value: s.Database.Proxy.Endpoint(), Description: jsii.String("RDS Proxy endpoint (IAM authentication, TLS required)"),
 	})
 	return s, nil
+}
+
+// GrantWriterConnect lets an API service's role connect through the proxy as
+// WriterUser (idempotency_writer: the Postgres live store), with an IAM
+// token; use the WriterDatabaseUrl output as its DATABASE_URL. The service
+// must also reach the proxy: see AllowDatabaseFrom.
+func (s *Stack) GrantWriterConnect(grantee awsiam.IGrantable) {
+	s.Database.GrantConnect(grantee, WriterUser)
+}
+
+// AllowDatabaseFrom lets peer (an API service's security group, in this VPC
+// or a peered one) reach the proxy on 5432.
+func (s *Stack) AllowDatabaseFrom(peer awsec2.IConnectable) {
+	s.Database.Proxy.Connections().AllowFrom(peer, awsec2.Port_Tcp(jsii.Number(5432)), jsii.String("an API service"))
 }
 
 // GrantLookupInvoke lets a service's role invoke the lookup function directly.

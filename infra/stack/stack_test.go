@@ -157,7 +157,7 @@ func TestDatabaseIsEncryptedPostgresWithGeneratedSecretBehindIAMAndTLSProxy(t *t
 		}
 	}
 	slices.Sort(users)
-	require.Equal(t, []string{OwnerUser, ReaderUser, SweeperUser}, users)
+	require.Equal(t, []string{WriterUser, OwnerUser, ReaderUser, SweeperUser}, users)
 }
 
 func TestNetworkIsIsolatedWithTheEndpointsInUse(t *testing.T) {

@@ -45,6 +45,9 @@ type Users struct {
 	Reader string `json:"reader,omitempty"`
 	// Owner is granted idempotency_owner (the partitions function).
 	Owner string `json:"owner,omitempty"`
+	// Writer is granted idempotency_writer: the API services whose
+	// Postgres live store registers and completes keys.
+	Writer string `json:"writer,omitempty"`
 }
 
 // Config configures Run.
@@ -84,7 +87,7 @@ var userName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // Validate checks the user names before anything runs.
 func (u Users) Validate() error {
 	seen := map[string]bool{}
-	for _, name := range []string{u.Sweeper, u.Reader, u.Owner} {
+	for _, name := range []string{u.Sweeper, u.Reader, u.Owner, u.Writer} {
 		switch {
 		case name == "":
 			continue
@@ -152,7 +155,8 @@ SELECT true, r.rolcanlogin,
 // ensureUsers creates each named user (WITH LOGIN, no password) and grants it
 // its group role, and rds_iam where that exists.
 func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, mayCreateRoles bool, logger *slog.Logger) ([]User, error) {
-	wanted := []User{{Name: users.Sweeper, Role: schema.SweeperRole}, {Name: users.Reader, Role: schema.ReaderRole}, {Name: users.Owner, Role: schema.OwnerRole}}
+	wanted := []User{{Name: users.Sweeper, Role: schema.SweeperRole}, {Name: users.Reader, Role: schema.ReaderRole}, {Name: users.Owner, Role: schema.OwnerRole},
+		{Name: users.Writer, Role: schema.WriterRole}}
 	out := []User{}
 	if users == (Users{}) {
 		return out, nil

@@ -17,6 +17,7 @@ package schema
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -43,6 +44,11 @@ const (
 	ReaderRole  = "idempotency_reader"  // reads the archive (lookups, investigations)
 	WriterRole  = "idempotency_writer"  // the Postgres live store: registers, completes, releases live keys
 )
+
+// ErrSchemaAhead means the database's schema is newer than any migration
+// this code embeds: an older release running against a database a newer one
+// migrated (a rollback). Migrate changes nothing then.
+var ErrSchemaAhead = errors.New("schema: the database's schema is newer than this code")
 
 // Result reports what Migrate did.
 type Result struct {
@@ -84,6 +90,10 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 	}
 	if res.FromVersion, err = m.GetCurrentVersion(ctx); err != nil {
 		return res, fmt.Errorf("read schema version: %w", err)
+	}
+	if latest := int32(len(m.Migrations)); res.FromVersion > latest {
+		res.ToVersion = res.FromVersion
+		return res, fmt.Errorf("%w: it is at version %d, this code knows versions up to %d", ErrSchemaAhead, res.FromVersion, latest)
 	}
 	m.OnStart = func(seq int32, name, _, _ string) {
 		logger.InfoContext(ctx, "applying migration", "version", seq, "name", name, "schema", schemaName)
