@@ -1,6 +1,9 @@
 package archive
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Exported for the plan tests in archive_test.
 
@@ -23,4 +26,14 @@ func QueryArgs(r *Reader, q Query) []any {
 		panic(err)
 	}
 	return args
+}
+
+// DecodeCursor and EncodeCursor are exported for the cursor fuzz test.
+func DecodeCursor(s string) (key string, expired time.Time, err error) {
+	c, err := decodeCursor(s)
+	return c.Key, c.ExpiredAt, err
+}
+
+func EncodeCursor(key string, expired time.Time) string {
+	return encodeCursor(cursor{Key: key, ExpiredAt: expired})
 }
