@@ -199,3 +199,22 @@ func TestASweepThatCannotRunFailsUnderTheEmulator(t *testing.T) {
 	require.Contains(t, failure.ErrorMessage, "SWEEP_DEADLINE_MARGIN")
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"), "no row was lost")
 }
+
+// A configured secret never reaches the logs: every function, failing to
+// reach its database, logs the failure without the password it was given.
+func TestNoFunctionLogsTheDatabasePassword(t *testing.T) {
+	t.Parallel()
+	const password = "s3cr3t-Pa55word"
+	bin := testenv.Bootstraps(t, "partitions", "sweep", "lookup")
+	env := map[string]string{"DATABASE_URL": "postgres://archive:" + password + "@127.0.0.1:1/x?connect_timeout=2"}
+	for name, event := range map[string]string{"partitions": "partitions-schedule.json", "sweep": "sweep-schedule.json", "lookup": "lookup-direct.json"} {
+		e := testenv.StartEmulator(t, bin[name], env)
+		out := e.Invoke(t, testenv.Event(t, event))
+		require.NotContains(t, string(out), password, name)
+		require.Eventually(t, func() bool {
+			return strings.Contains(e.Output.String(), "127.0.0.1") || strings.Contains(e.Output.String(), "connect")
+		},
+			5*time.Second, 20*time.Millisecond, "%s logged its failure", name)
+		require.NotContains(t, e.Output.String(), password, "%s logged the password", name)
+	}
+}
