@@ -7,7 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -369,4 +373,47 @@ func TestADefaultPartitionIsReportedAndFailsVerify(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res))
 	require.Equal(t, partition.Name(next), res.Failed[0].Partition)
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+}
+
+// A sweep process killed with SIGKILL mid-run (an OOM kill, a lost host)
+// loses nothing: the batch it was in rolls back, and the next run finishes
+// the job with every key in exactly one place.
+func TestASweepKilledWithSIGKILLLosesNothing(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	ctx := context.Background()
+	const total = 30_000
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO idempotency_keys (scoped_key, fingerprint, state, status_code, response, expires_at, created_at)
+		SELECT 'idem:v1:k' || i, sha256(i::text::bytea), 'completed', 201, jsonb_build_object('id', 'ch_' || i),
+		       now() - interval '1 hour' - i * interval '1 millisecond', now() - interval '2 days'
+		  FROM generate_series(1, $1) AS i`, total)
+	require.NoError(t, err)
+
+	bin := filepath.Join(t.TempDir(), "archivectl")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for attempt := 0; ; attempt++ {
+		cmd := exec.Command(bin, "sweep", "--batch", "200", "--pause", "2ms")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+db.URL)
+		require.NoError(t, cmd.Start())
+		time.Sleep(time.Duration(150+100*attempt) * time.Millisecond)
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		_ = cmd.Wait()
+		left := dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys")
+		if left > 0 && left < total {
+			break // killed mid-run, with work done and work left
+		}
+		require.Less(t, attempt, 10, "could not kill the sweep mid-run")
+		if left == 0 {
+			t.Fatal("the sweep finished before it could be killed: make the table bigger")
+		}
+	}
+	r := cli(t, db, nil, "sweep", "--pause", "0s")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"))
+	require.EqualValues(t, total, dbtest.Count(t, db.Pool, "SELECT count(DISTINCT scoped_key) FROM idempotency_key_archive"), "none lost")
+	require.EqualValues(t, total, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"), "none twice")
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -471,4 +472,109 @@ func TestMissingPartitionErrorUnwraps(t *testing.T) {
 	err := &sweep.MissingPartitionError{Months: []time.Time{time.Date(2020, 3, 1, 0, 0, 0, 0, time.UTC)}, Err: cause}
 	require.ErrorIs(t, err, cause)
 	require.Contains(t, err.Error(), "2020-03")
+}
+
+// Faults mid-batch: while four sweepers run, their backends are terminated
+// (pg_terminate_backend) again and again, which is what a failover, a
+// dropped connection or an operator's kill does. A batch is one transaction,
+// so every cut batch rolls back whole: afterwards every key is in exactly
+// one of the live table and the archive, none lost, none twice.
+func TestSweepersWhoseBackendsAreKilledLoseNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const total = 20_000
+	_, err := b.db.Pool.Exec(ctx, `
+		INSERT INTO idempotency_keys (scoped_key, fingerprint, state, status_code, response, expires_at, created_at)
+		SELECT 'idem:v1:f' || i, sha256(i::text::bytea), 'completed', 201, jsonb_build_object('id', 'ch_' || i),
+		       now() - interval '1 hour' - i * interval '1 millisecond', now() - interval '2 days'
+		  FROM generate_series(1, $1) AS i`, total)
+	require.NoError(t, err)
+	// The sweepers' connections are tagged, so the killer finds them.
+	victims := b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole), dbtest.WithParam("application_name", "sweeper-under-fire"))
+
+	killCtx, stopKilling := context.WithCancel(ctx)
+	var killed atomic.Int64
+	var killer sync.WaitGroup
+	killer.Add(1)
+	go func() {
+		defer killer.Done()
+		for killCtx.Err() == nil {
+			var n int64
+			_ = b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE application_name = 'sweeper-under-fire' AND state = 'active' AND pid <> pg_backend_pid()) k`).Scan(&n)
+			killed.Add(n)
+			time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond)
+		}
+	}()
+
+	var sweeps sync.WaitGroup
+	var failures atomic.Int64
+	deadline := time.Now().Add(20 * time.Second)
+	for range 4 {
+		sweeps.Add(1)
+		go func() {
+			defer sweeps.Done()
+			s := newSweeper(t, victims, sweep.Config{BatchSize: 500}, nil, nil)
+			for time.Now().Before(deadline) {
+				res, err := s.Run(ctx)
+				if err != nil {
+					failures.Add(1) // a killed batch: run again, as the next schedule would
+					continue
+				}
+				if res.Drained && res.Backlog == 0 {
+					return
+				}
+			}
+		}()
+	}
+	sweeps.Wait()
+	stopKilling()
+	killer.Wait()
+	t.Logf("backends killed: %d, failed runs: %d", killed.Load(), failures.Load())
+	require.Positive(t, killed.Load(), "no backend was killed mid-batch: the test proved nothing")
+
+	// Whatever the kills left is drained by a sweep nobody interrupts.
+	_, err = newSweeper(t, b.sweeper, sweep.Config{}, nil, nil).Run(ctx)
+	require.NoError(t, err)
+	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
+	require.EqualValues(t, total, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"), "none lost")
+	require.EqualValues(t, total, dbtest.Count(t, b.db.Pool, "SELECT count(DISTINCT scoped_key) FROM idempotency_key_archive"), "none twice")
+	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE status_code <> 201 OR resource_id IS NULL"), "every row whole")
+}
+
+// A long-running transaction holds back the xmin horizon (a report, a
+// forgotten psql session): the dead tuples of every batch stay, yet the
+// sweeper keeps moving rows in whole batches, through the index, and drains.
+func TestSweepingBesideAnOldSnapshotKeepsProgressing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const total = 20_000
+	_, err := b.db.Pool.Exec(ctx, `
+		INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at, created_at)
+		SELECT 'idem:v1:x' || i, sha256(i::text::bytea), now() - interval '1 hour' - i * interval '1 millisecond', now() - interval '2 days'
+		  FROM generate_series(1, $1) AS i`, total)
+	require.NoError(t, err)
+	old, err := b.db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = old.Rollback(ctx) }()
+	var seen int64
+	require.NoError(t, old.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys").Scan(&seen))
+	require.EqualValues(t, total, seen)
+
+	var batches []int64
+	var last int64
+	cfg := sweep.Config{BatchSize: 1000, OnBatch: func(p sweep.Progress) { batches = append(batches, p.Moved-last); last = p.Moved }}
+	res, err := newSweeper(t, b.sweeper, cfg, nil, nil).Run(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Drained)
+	require.EqualValues(t, total, res.Moved)
+	for i, n := range batches {
+		require.LessOrEqual(t, n, int64(1000), "batch %d moved more than its size", i)
+	}
+	require.Len(t, batches, total/1000+1, "whole batches, then the short one that drains")
+	// The old snapshot still sees every row: nothing it can see was lost.
+	require.NoError(t, old.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys").Scan(&seen))
+	require.EqualValues(t, total, seen)
 }
