@@ -226,8 +226,12 @@ func (e *MissingPartitionError) Error() string {
 	for i, m := range e.Months {
 		names[i] = m.Format("2006-01")
 	}
+	months := strings.Join(names, ", ")
+	if months == "" {
+		months = "the batch's rows (every month they need has a partition when looked up again)"
+	}
 	msg := fmt.Sprintf("archive has no partition for %s; the expired rows stay in the live table: run `archivectl partitions` as the archive owner",
-		strings.Join(names, ", "))
+		months)
 	if e.Err != nil {
 		msg += ": creating it failed: " + e.Err.Error()
 	}
@@ -267,10 +271,13 @@ func (e *DeadlineError) Error() string {
 // errPartitionRaced means the partitions a failed batch needed exist by the
 // time the sweeper looked: another sweeper or a partition run created them.
 // The batch is retried, at most maxPartitionRaces times in a row, so a
-// partition that keeps vanishing cannot loop the sweeper.
+// partition that keeps vanishing cannot loop the sweeper. Each race means a
+// month was made by someone else meanwhile, and a backlog spanning months
+// that several sweepers and partition runs create at once can race once per
+// month: the bound is a few years of months, not a handful.
 var errPartitionRaced = errors.New("the missing partition was created concurrently")
 
-const maxPartitionRaces = 3
+const maxPartitionRaces = 36
 
 // PartitionEnsurer creates the partition for a month; *partition.Manager is one.
 type PartitionEnsurer interface {

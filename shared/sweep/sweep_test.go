@@ -578,3 +578,67 @@ func TestSweepingBesideAnOldSnapshotKeepsProgressing(t *testing.T) {
 	require.NoError(t, old.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys").Scan(&seen))
 	require.EqualValues(t, total, seen)
 }
+
+// Sweepers and partition runs race: rows expired in months that have no
+// partition yet, three sweepers that create them, and partition runs beside
+// them. Whoever creates a month, the others retry their batch; every row
+// ends in the archive exactly once.
+func TestSweepersAndPartitionRunsRaceForMissingMonths(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0) // the previous month through three ahead
+	ctx := context.Background()
+	start := partition.MonthStart(time.Now())
+	const perMonth = 3000
+	for back := 3; back <= 6; back++ {
+		month := start.AddDate(0, -back, 0)
+		_, err := db.Pool.Exec(ctx, `
+			INSERT INTO idempotency_keys (scoped_key, fingerprint, state, status_code, response, expires_at, created_at)
+			SELECT 'idem:v1:m' || $2 || '-' || i, sha256(($2 || '-' || i)::bytea), 'completed', 201, jsonb_build_object('id', 'ch_' || i),
+			       $1::timestamptz + i * interval '1 second', $1::timestamptz - interval '1 day'
+			  FROM generate_series(1, $3) AS i`, month, fmt.Sprint(back), perMonth)
+		require.NoError(t, err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			s, err := sweep.New(db.Pool, sweep.Config{BatchSize: 700 + 100*i}, m, nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if _, err := s.Run(ctx); err != nil {
+				errs <- fmt.Errorf("sweeper %d: %w", i, err)
+			}
+		}()
+	}
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
+			if err == nil {
+				_, err = m.Run(ctx, false)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("partition run: %w", err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"))
+	require.EqualValues(t, 4*perMonth, dbtest.Count(t, db.Pool, "SELECT count(DISTINCT scoped_key) FROM idempotency_key_archive"))
+	require.EqualValues(t, 4*perMonth, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+}
