@@ -1,11 +1,13 @@
 // Command archivebench measures the archive on a real PostgreSQL: the sweep
-// against the runbook's SQL and an unbatched statement, archive lookups
-// against the naive key-only query, the archive's bytes per row against the
-// runbook's model, the archive lookups the fresh-key path costs, and each
-// Lambda function's package size and cold start against a minimal Go
-// function. Every figure is compared with a baseline measured in the same
-// run, on the same data: the machine is shared and noisy, so only ratios
-// taken side by side mean anything, and no timing is ever a pass/fail test.
+// against the runbook's SQL and an unbatched statement, the live store's
+// register-and-complete latency with the sweeper running against the same
+// traffic without it, archive lookups against the naive key-only query, the
+// archive's bytes per row against the runbook's model, the archive lookups
+// the fresh-key path costs, and each Lambda function's package size and cold
+// start against a minimal Go function. Every figure is compared with a
+// baseline measured in the same run, on the same data: the machine is shared
+// and noisy, so only ratios taken side by side mean anything, and no timing
+// is ever a pass/fail test.
 //
 //	DATABASE_URL=... archivebench -json bin/bench.json -md BENCHMARKS.md
 //
@@ -18,8 +20,12 @@
 // BENCH_ROWS_PER_MONTH (archive rows in each monthly partition for the
 // lookups, default 10,000), BENCH_MONTHS (months of data the lookups run
 // against, default 24,120), BENCH_LOOKUPS (lookups per case, default 2,000),
-// BENCH_FRESH_REQUESTS (requests per key shape, default 1,000) and
-// BENCH_COLD_STARTS (emulator starts per function, default 5).
+// BENCH_FRESH_REQUESTS (requests per key shape, default 1,000),
+// BENCH_COLD_STARTS (emulator starts per function, default 5),
+// BENCH_TRAFFIC_OPS (register-and-complete operations with the sweeper
+// running and without it, each, default 40,000) and BENCH_TRAFFIC_BACKLOG
+// (expired live rows the sweeper works through beside that traffic, default
+// 500,000).
 package main
 
 import (
@@ -57,6 +63,8 @@ type sizes struct {
 	FreshRequests  int   `json:"fresh_requests"`
 	ColdStarts     int   `json:"cold_starts"`
 	SweepBatchSize int   `json:"sweep_batch_size"`
+	TrafficOps     int   `json:"traffic_ops"`
+	TrafficBacklog int   `json:"traffic_backlog_rows"`
 }
 
 func sizesFromEnv(getenv func(string) string) (sizes, error) {
@@ -72,6 +80,8 @@ func sizesFromEnv(getenv func(string) string) (sizes, error) {
 		{"BENCH_LOOKUPS", &s.Lookups, 2_000},
 		{"BENCH_FRESH_REQUESTS", &s.FreshRequests, 1_000},
 		{"BENCH_COLD_STARTS", &s.ColdStarts, 5},
+		{"BENCH_TRAFFIC_OPS", &s.TrafficOps, 40_000},
+		{"BENCH_TRAFFIC_BACKLOG", &s.TrafficBacklog, 500_000},
 	} {
 		*v.dst = v.def
 		if raw := getenv(v.name); raw != "" {
@@ -101,7 +111,7 @@ func sizesFromEnv(getenv func(string) string) (sizes, error) {
 	return s, nil
 }
 
-var sections = []string{"sweep", "lookup", "fresh", "functions"}
+var sections = []string{"sweep", "traffic", "lookup", "fresh", "functions"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("archivebench", flag.ContinueOnError)
@@ -161,6 +171,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("sweep: %w", err)
 		}
 		rep.Sweep = &sec
+	}
+	if want["traffic"] {
+		sec, err := benchTraffic(ctx, base, sz.TrafficOps, sz.TrafficBacklog, p)
+		if err != nil {
+			return fmt.Errorf("traffic: %w", err)
+		}
+		rep.Traffic = &sec
 	}
 	if want["lookup"] {
 		sec, err := benchLookup(ctx, base, sz.Months, sz.RowsPerMonth, sz.Lookups, p)

@@ -25,6 +25,7 @@ type report struct {
 	Sizes      sizes             `json:"sizes"`
 	Seconds    float64           `json:"seconds"`
 	Sweep      *sweepSection     `json:"sweep,omitempty"`
+	Traffic    *trafficSection   `json:"traffic,omitempty"`
 	Lookup     *lookupSection    `json:"lookup,omitempty"`
 	Fresh      *freshSection     `json:"fresh_keys,omitempty"`
 	Functions  *functionsSection `json:"functions,omitempty"`
