@@ -106,6 +106,33 @@ func (db *benchDB) partitions(ctx context.Context) (*partition.Manager, error) {
 	return m, nil
 }
 
+// newLiveBenchDB is newBenchDB for the measurements that sweep the live
+// table: partitions made (including the months of rows that expired over the
+// last day, for contenders that cannot create partitions) and autovacuum off.
+func newLiveBenchDB(ctx context.Context, base, purpose string) (*benchDB, *partition.Manager, error) {
+	db, err := newBenchDB(ctx, base, purpose)
+	if err != nil {
+		return nil, nil, err
+	}
+	parts, err := db.partitions(ctx)
+	if err == nil {
+		for _, t := range []time.Time{time.Now().Add(-26 * time.Hour), time.Now()} {
+			if _, err = parts.EnsureMonth(ctx, t); err != nil {
+				err = fmt.Errorf("create partition: %w", err)
+				break
+			}
+		}
+	}
+	if err == nil {
+		err = db.withoutAutovacuum(ctx)
+	}
+	if err != nil {
+		db.Drop()
+		return nil, nil, err
+	}
+	return db, parts, nil
+}
+
 // partitionCount counts the archive's partitions.
 func (db *benchDB) partitionCount(ctx context.Context) (int, error) {
 	var n int

@@ -96,25 +96,11 @@ SELECT scoped_key, fingerprint,
 // archive, and times the contender moving everything.
 func benchSweep(ctx context.Context, base string, rows, unexpired int, p *progress) (sweepSection, error) {
 	sec := sweepSection{LiveRows: rows, Unexpired: unexpired, BatchSize: sweepBatch}
-	db, err := newBenchDB(ctx, base, "sweep")
+	db, parts, err := newLiveBenchDB(ctx, base, "sweep")
 	if err != nil {
 		return sec, err
 	}
 	defer db.Drop()
-	parts, err := db.partitions(ctx)
-	if err != nil {
-		return sec, err
-	}
-	// The rows expire over the last day: make sure their months exist for
-	// the contenders that cannot create partitions.
-	for _, t := range []time.Time{time.Now().Add(-26 * time.Hour), time.Now()} {
-		if _, err := parts.EnsureMonth(ctx, t); err != nil {
-			return sec, fmt.Errorf("create partition: %w", err)
-		}
-	}
-	if err := db.withoutAutovacuum(ctx); err != nil {
-		return sec, err
-	}
 	start := time.Now()
 	if err := loadLiveSource(ctx, db, rows, unexpired, p); err != nil {
 		return sec, err

@@ -146,23 +146,11 @@ const (
 // order. The live table is reloaded to the same state before each run.
 func benchTraffic(ctx context.Context, base string, ops, backlog int, p *progress) (trafficSection, error) {
 	sec := trafficSection{Ops: ops, Writers: trafficWriters, Backlog: backlog}
-	db, err := newBenchDB(ctx, base, "traffic")
+	db, parts, err := newLiveBenchDB(ctx, base, "traffic")
 	if err != nil {
 		return sec, err
 	}
 	defer db.Drop()
-	parts, err := db.partitions(ctx)
-	if err != nil {
-		return sec, err
-	}
-	for _, t := range []time.Time{time.Now().Add(-26 * time.Hour), time.Now()} {
-		if _, err := parts.EnsureMonth(ctx, t); err != nil {
-			return sec, fmt.Errorf("create partition: %w", err)
-		}
-	}
-	if err := db.withoutAutovacuum(ctx); err != nil {
-		return sec, err
-	}
 	start := time.Now()
 	if err := loadTrafficSource(ctx, db, backlog, p); err != nil {
 		return sec, err

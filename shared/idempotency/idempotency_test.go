@@ -585,17 +585,6 @@ func TestTheFingerprintCoversTheQueryString(t *testing.T) {
 	require.Equal(t, plain[:], idempotency.Fingerprint("POST", idempotency.RequestTarget(u), []byte(`{}`)), "no query: hashed as before")
 }
 
-// freshULID is a ULID minted now.
-func freshULID() string {
-	ms := uint64(time.Now().UnixMilli())
-	const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-	var b strings.Builder
-	for i := 9; i >= 0; i-- {
-		b.WriteByte(crockford[(ms>>(5*uint(i)))&31])
-	}
-	return b.String() + "ABCDEFGHJKMNPQRS"
-}
-
 // A Redis hash lost inside its window (failover, restart, eviction): the
 // archive row written at completion is the only record, so the retry is
 // looked up whatever the key's timestamp says, never run again, and told the
@@ -605,7 +594,7 @@ func TestALostRedisHashIsNeverRunAgain(t *testing.T) {
 	b := setup(t, rds)
 	h := &charges{}
 	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
-	for _, key := range []string{freshULID(), "plain-key"} {
+	for _, key := range []string{mintKey(ulidKey, time.Now()), "plain-key"} {
 		require.Equal(t, 201, post(srv, key, `{}`).Code)
 		keys, err := b.redis.Keys(context.Background(), "*"+key).Result()
 		require.NoError(t, err)
