@@ -8,11 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
-	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/partition"
 )
 
@@ -61,17 +59,6 @@ const (
 
 // naiveLookupSQL is the baseline: the key alone, no partition bound.
 const naiveLookupSQL = `SELECT status_code, resource_id, created_at, expired_at, fingerprint FROM idempotency_key_archive WHERE scoped_key = $1`
-
-// readerLookupSQL is archive.Reader's statement (archive.lookupSQL), copied
-// so that its locks can be counted inside a transaction of the bench's own:
-// the Reader runs it on its pool, outside any transaction the bench holds.
-const readerLookupSQL = `
-SELECT status_code, resource_id, created_at, expired_at, fingerprint
-  FROM idempotency_key_archive
- WHERE scoped_key = $1
-   AND expired_at >= $2
- ORDER BY status_code <> 0 DESC, expired_at DESC
- LIMIT 1`
 
 // samplesPerShape is how many keys of each shape are kept from each month
 // for the found cases.
@@ -260,9 +247,19 @@ func measureLookupCase(ctx context.Context, pool *pgxpool.Pool, reader *archive.
 	var sum [4]int
 	for i := range spread {
 		key := c.key(i * 7919)
-		rl, rp, err := locksAndPartitions(ctx, pool, readerLookupSQL, key, earliestExpiry(key))
+		// The Reader's statements, run on the bench's own connection so
+		// that their locks can be counted inside a transaction.
+		stmts, err := reader.LookupStatements(ctx, key)
 		if err != nil {
 			return res, err
+		}
+		rl, rp := 0, 0
+		for _, st := range stmts {
+			l, p, err := locksAndPartitions(ctx, pool, st.SQL, st.Args...)
+			if err != nil {
+				return res, err
+			}
+			rl, rp = rl+l, rp+p
 		}
 		nl, np, err := locksAndPartitions(ctx, pool, naiveLookupSQL, key)
 		if err != nil {
@@ -289,16 +286,6 @@ func naiveLookup(ctx context.Context, pool *pgxpool.Pool, key string) (int, erro
 		return 0, fmt.Errorf("naive lookup: %w", err)
 	}
 	return n, nil
-}
-
-// earliestExpiry is the lower bound archive.Reader passes for key in a
-// schema whose writers all bounded their skew (the bench's): the key's
-// timestamp minus keytime.MaxClockSkew, or -infinity without a timestamp.
-func earliestExpiry(key string) pgtype.Timestamptz {
-	if ts, ok := keytime.FromKey(key); ok {
-		return pgtype.Timestamptz{Time: ts.Add(-keytime.MaxClockSkew), Valid: true}
-	}
-	return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 }
 
 // locksAndPartitions counts the relation locks one run of sql takes (after

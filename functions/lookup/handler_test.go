@@ -265,7 +265,7 @@ func TestAQueryThatRunsOutOfTimeIs503Timeout(t *testing.T) {
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_key_archive IN ACCESS EXCLUSIVE MODE")
+	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_key_archive, idempotency_archive_plain_keys IN ACCESS EXCLUSIVE MODE")
 	require.NoError(t, err)
 
 	inv, cancel := context.WithTimeout(testenv.Invocation("req-slow"), time.Second)

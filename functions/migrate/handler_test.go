@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -171,7 +172,7 @@ func TestCreateMigratesCreatesUsersAndPartitions(t *testing.T) {
 	require.Equal(t, PhysicalID, resp.PhysicalResourceID)
 	require.Equal(t, "MigrationSchema8F783001", resp.LogicalResourceID)
 	require.Equal(t, "5d478078-13e9-baf0-464a-7ef285ecc786", resp.RequestID)
-	require.EqualValues(t, 5, resp.Data["SchemaVersion"])
+	require.EqualValues(t, schema.LatestVersion(), resp.Data["SchemaVersion"])
 	require.EqualValues(t, 5, resp.Data["PartitionsCreated"])
 
 	// AND the schema is migrated and partitioned
@@ -369,5 +370,5 @@ func TestARollbackOverANewerSchemaSucceeds(t *testing.T) {
 
 	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))
 	require.Equal(t, cfn.StatusFailed, resp.Status)
-	require.Contains(t, resp.Reason, "it is at version 99, this code knows versions up to 5")
+	require.Contains(t, resp.Reason, fmt.Sprintf("it is at version 99, this code knows versions up to %d", schema.LatestVersion()))
 }

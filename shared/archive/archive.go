@@ -8,10 +8,14 @@
 // refuses a key whose timestamp lies further ahead of its clock than its skew,
 // so a key's rows were registered, and expired, after that instant, whatever
 // the timestamp says. The bound lets PostgreSQL prune every older partition,
-// so the lookup touches the few newest months only. Keys without a timestamp
-// search every partition, and so does every key while idempotency_writers
+// so the lookup touches the few newest months only. A key without a
+// timestamp is first looked up in idempotency_archive_plain_keys, which
+// records the expiry of each of its archive rows (migration 006): a key not
+// archived is answered there, and an archived one reads only the partitions
+// of its expiries. Every key reads every partition while idempotency_writers
 // records writers that bounded nothing (keys stored before writers recorded
-// their bounds).
+// their bounds), and keys without a timestamp do while rows archived before
+// migration 006 are not all recorded yet (package plainkeys).
 //
 //	r := archive.NewReader(pool, archive.Config{LiveTTL: 24 * time.Hour}, emitter)
 //	rec, err := r.Lookup(ctx, "idem:v1:probe", fingerprint)
@@ -175,13 +179,13 @@ func NewReader(pool *pgxpool.Pool, cfg Config, emitter *metrics.Emitter) (*Reade
 // wins over a newer in-flight row of the same key: such a row is left behind
 // when a registration made after the key's first life (an archive hit, a 503)
 // could not be released, and it must not hide the outcome the client needs.
-// $2 is the earliest possible expiry; -infinity when the key carries no
-// timestamp.
+// $2 and $3 bound the expiries the key's rows can have (see expiryRange),
+// so that the planner reads only the partitions between them.
 const lookupSQL = `
 SELECT status_code, resource_id, created_at, expired_at, fingerprint
   FROM idempotency_key_archive
  WHERE scoped_key = $1
-   AND expired_at >= $2
+   AND expired_at >= $2 AND expired_at <= $3
  ORDER BY status_code <> 0 DESC, expired_at DESC
  LIMIT 1`
 
@@ -198,12 +202,12 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	var status int16
 	found := false
 	err := tracing.Span(ctx, "archive.lookup", func(ctx context.Context) error {
-		earliest, err := r.earliestExpiry(ctx, scopedKey)
-		if err != nil {
+		earliest, latest, err := r.expiryRange(ctx, scopedKey)
+		if err != nil || !earliest.Valid {
 			return err
 		}
 		return r.bounded(ctx, func(b *pgx.Batch) {
-			b.Queue(lookupSQL, scopedKey, earliest).Query(func(rows pgx.Rows) error {
+			b.Queue(lookupSQL, scopedKey, earliest, latest).Query(func(rows pgx.Rows) error {
 				// Not found is an empty result, not an error: pgx drops a
 				// connection's cached statements after a batch that
 				// returns an error, and the next lookup would prepare
@@ -285,21 +289,91 @@ func compareFingerprints(given, archived []byte) *bool {
 	return &match
 }
 
-// earliestExpiry bounds expired_at from below for keys with a timestamp: a
-// key's rows were registered no earlier than its timestamp minus the reach
-// (keytime.MaxClockSkew, see package keytime) and expired after that. It
-// deliberately does not add the TTL: TTLs change, minting times do not.
-func (r *Reader) earliestExpiry(ctx context.Context, scopedKey string) (pgtype.Timestamptz, error) {
-	unbounded := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	ts, ok := keytime.FromKey(scopedKey)
-	if !ok {
-		return unbounded, nil
+// expiryRange bounds the expiries a key's archive rows can have, so that
+// its lookup reads only the partitions between them. An invalid (NULL) lower
+// bound means the key has no row in the archive.
+//
+// A key with a timestamp: its rows were registered no earlier than its
+// timestamp minus the reach (keytime.MaxClockSkew, see package keytime) and
+// expired after that; no upper bound. This deliberately does not add the
+// TTL: TTLs change, minting times do not.
+//
+// A key without one: the expiries idempotency_archive_plain_keys records for
+// it, widened to every range whose rows are not all recorded yet (see
+// migration 006 for the invariant). The database decides with the same rule
+// as the trigger that records them whether the key has a timestamp; where it
+// disagrees with keytime, every partition is read.
+func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (earliest, latest pgtype.Timestamptz, err error) {
+	earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+	if ts, ok := keytime.FromKey(scopedKey); ok {
+		reach, err := r.readReach(ctx)
+		if err != nil || reach < 0 {
+			return earliest, latest, err
+		}
+		return pgtype.Timestamptz{Time: ts.Add(-reach), Valid: true}, latest, nil
 	}
-	reach, err := r.readReach(ctx)
-	if err != nil || reach < 0 {
-		return unbounded, err
+	var lo, hi pgtype.Timestamptz
+	err = r.bounded(ctx, func(b *pgx.Batch) {
+		b.Queue(plainKeySQL, scopedKey).QueryRow(func(row pgx.Row) error { return row.Scan(&lo, &hi) })
+	})
+	if err != nil {
+		if missingGrantOrTable(err) {
+			// A schema migrated before the table existed, or a role without
+			// SELECT on it: every partition is read. Correct, only slower.
+			return earliest, latest, nil
+		}
+		return earliest, latest, fmt.Errorf("read where the key's rows are: %w", timeoutError(ctx, err))
 	}
-	return pgtype.Timestamptz{Time: ts.Add(-reach), Valid: true}, nil
+	return lo, hi, nil
+}
+
+// Statement is one SQL statement of a lookup, with its arguments.
+type Statement struct {
+	SQL  string
+	Args []any
+}
+
+// LookupStatements returns the statements Lookup runs for scopedKey, in
+// order, for measurements of a lookup (its plans, the locks it takes). It
+// runs every statement but the last, whose arguments they decide.
+func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Statement, error) {
+	if err := validateKey(scopedKey); err != nil {
+		return nil, err
+	}
+	var out []Statement
+	if _, ok := keytime.FromKey(scopedKey); !ok {
+		out = append(out, Statement{SQL: plainKeySQL, Args: []any{scopedKey}})
+	}
+	earliest, latest, err := r.expiryRange(ctx, scopedKey)
+	if err != nil {
+		return nil, err
+	}
+	if earliest.Valid {
+		out = append(out, Statement{SQL: lookupSQL, Args: []any{scopedKey, earliest, latest}})
+	}
+	return out, nil
+}
+
+// plainKeySQL returns the range of expiries a key without a timestamp can
+// have archive rows at: NULLs when it has none.
+const plainKeySQL = `
+SELECT min(lo), max(hi)
+  FROM (SELECT expired_at, expired_at
+          FROM idempotency_archive_plain_keys
+         WHERE key_hash = idempotency_key_hash($1)
+        UNION ALL
+        SELECT expired_from, expired_to
+          FROM idempotency_archive_plain_keys_pending
+        UNION ALL
+        SELECT '-infinity', 'infinity'
+         WHERE idempotency_key_has_time($1)) AS reach (lo, hi)`
+
+// missingGrantOrTable reports an error that means the schema predates a
+// table, or the role may not read it.
+func missingGrantOrTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883" || pgErr.Code == "42501")
 }
 
 // reachSQL reads how far before its timestamp a key can have been stored:
@@ -324,8 +398,7 @@ func (r *Reader) readReach(ctx context.Context) (time.Duration, error) {
 		b.Queue(reachSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&ms) })
 	})
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42501") {
+		if missingGrantOrTable(err) {
 			// A schema migrated before writers recorded their bounds (run
 			// migrate), or a role without SELECT on idempotency_writers
 			// (grant idempotency_reader): nothing is bounded, every

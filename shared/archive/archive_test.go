@@ -184,15 +184,18 @@ func TestLookupOfATimestampedKeyTouchesFewPartitions(t *testing.T) {
 
 	// A ULID minted on 20 November cannot have expired before it (less the
 	// skew): only November onwards is read, not the eleven months before.
-	touched := explainPartitions(t, b.reader, archive.LookupSQL, key, archive.EarliestExpiry(r, key))
+	touched := explainPartitions(t, b.reader, archive.LookupSQL, append([]any{key}, archive.ExpiryRange(r, key)...)...)
 	require.ElementsMatch(t, []string{
 		"idempotency_key_archive_2027_03", "idempotency_key_archive_2027_02", "idempotency_key_archive_2027_01",
 		"idempotency_key_archive_2026_12", "idempotency_key_archive_2026_11",
 	}, touched)
 
-	// A key without a timestamp searches them all.
-	touched = explainPartitions(t, b.reader, archive.LookupSQL, "idem:v1:probe", archive.EarliestExpiry(r, "idem:v1:probe"))
-	require.Len(t, touched, 15)
+	// A key without a timestamp reads only the months its rows are in
+	// (idempotency_archive_plain_keys), and a key not archived reads none.
+	require.Nil(t, archive.ExpiryRange(r, "idem:v1:probe"))
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:probe", Status: 201, ExpiredAt: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)})
+	touched = explainPartitions(t, b.reader, archive.LookupSQL, append([]any{"idem:v1:probe"}, archive.ExpiryRange(r, "idem:v1:probe")...)...)
+	require.Equal(t, []string{"idempotency_key_archive_2026_12"}, touched)
 
 	// So does every key while a writer that bounded nothing is on record (a
 	// database upgraded from before writers recorded their bounds): such a
@@ -202,7 +205,7 @@ func TestLookupOfATimestampedKeyTouchesFewPartitions(t *testing.T) {
 	early := "idem:v1:" + ulid(time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC).Add(48*time.Hour))
 	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: early, Status: 201, ExpiredAt: time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)})
 	upgraded := newReader(t, b.reader, nil)
-	touched = explainPartitions(t, b.reader, archive.LookupSQL, early, archive.EarliestExpiry(upgraded, early))
+	touched = explainPartitions(t, b.reader, archive.LookupSQL, append([]any{early}, archive.ExpiryRange(upgraded, early)...)...)
 	require.Len(t, touched, 15)
 	rec, err = upgraded.Lookup(ctx, early, nil)
 	require.NoError(t, err, "a row stored before its timestamp is found")

@@ -12,12 +12,17 @@ const (
 	QuerySQL  = querySQL
 )
 
-func EarliestExpiry(r *Reader, key string) any {
-	t, err := r.earliestExpiry(context.Background(), key)
+// ExpiryRange returns the bounds Lookup passes to LookupSQL for key; nil
+// when the key is known to have no archive row.
+func ExpiryRange(r *Reader, key string) []any {
+	lo, hi, err := r.expiryRange(context.Background(), key)
 	if err != nil {
 		panic(err)
 	}
-	return t
+	if !lo.Valid {
+		return nil
+	}
+	return []any{lo, hi}
 }
 
 func QueryArgs(r *Reader, q Query) []any {

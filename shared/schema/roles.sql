@@ -8,6 +8,7 @@ DO $roles$
 DECLARE
     role_name text;
     part_name text;
+    func_sig  text;
 BEGIN
     FOREACH role_name IN ARRAY ARRAY['idempotency_owner', 'idempotency_sweeper', 'idempotency_reader', 'idempotency_writer'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role_name) THEN
@@ -33,25 +34,33 @@ BEGIN
           FROM pg_class c
           JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
          WHERE c.relowner <> 'idempotency_owner'::regrole
-           AND (c.relname IN ('idempotency_keys', 'idempotency_key_archive', 'idempotency_writers')
+           AND (c.relname IN ('idempotency_keys', 'idempotency_key_archive', 'idempotency_writers',
+                              'idempotency_archive_plain_keys', 'idempotency_archive_plain_keys_pending')
                 OR c.oid IN (SELECT inhrelid FROM pg_inherits
                               WHERE inhparent = format('%I.idempotency_key_archive', current_schema())::regclass))
            AND c.relkind IN ('r', 'p')
     LOOP
         EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', current_schema(), part_name);
     END LOOP;
-    IF (SELECT proowner FROM pg_proc WHERE oid = format('%I.idempotency_record_unbounded_writer()', current_schema())::regprocedure)
-       <> 'idempotency_owner'::regrole THEN
-        EXECUTE format('ALTER FUNCTION %I.idempotency_record_unbounded_writer() OWNER TO idempotency_owner', current_schema());
-    END IF;
+    FOR func_sig IN
+        SELECT format('%I.%I(%s)', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid))
+          FROM pg_proc p
+          JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = current_schema()
+         WHERE p.proname IN ('idempotency_record_unbounded_writer', 'idempotency_index_plain_keys',
+                             'idempotency_key_has_time', 'idempotency_key_hash')
+           AND p.proowner <> 'idempotency_owner'::regrole
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);
+    END LOOP;
 
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
 
     -- The sweeper reads and deletes live rows and inserts archive rows. PostgreSQL
     -- requires UPDATE on at least one column for SELECT ... FOR UPDATE SKIP LOCKED,
     -- so it gets UPDATE on the single column expires_at; it never issues UPDATE.
-    EXECUTE format('REVOKE ALL ON TABLE %I.idempotency_keys, %I.idempotency_key_archive, %I.idempotency_writers FROM idempotency_sweeper, idempotency_reader, idempotency_writer',
-                   current_schema(), current_schema(), current_schema());
+    EXECUTE format('REVOKE ALL ON TABLE %1$I.idempotency_keys, %1$I.idempotency_key_archive, %1$I.idempotency_writers, '
+                   '%1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending '
+                   'FROM idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
     EXECUTE format('GRANT SELECT, DELETE ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
     EXECUTE format('GRANT UPDATE (expires_at) ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
     EXECUTE format('GRANT INSERT ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
@@ -66,6 +75,10 @@ BEGIN
     -- far back a key's rows can lie.
     EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_key_archive TO idempotency_reader', current_schema());
     EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_writers TO idempotency_reader', current_schema());
+    -- Where the rows of keys without a timestamp are (written only by the
+    -- archive's trigger, as the owner).
+    EXECUTE format('GRANT SELECT ON TABLE %1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending TO idempotency_reader',
+                   current_schema());
 
     -- API services (the Postgres live store) register, complete and release
     -- live keys, and hold leases on their (TTL, skew) in idempotency_writers.

@@ -62,6 +62,15 @@ type Result struct {
 	GrantsApplied bool `json:"grants_applied"`
 }
 
+// LatestVersion is the schema version the embedded migrations lead to.
+func LatestVersion() int32 {
+	entries, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil {
+		panic(err) // a constant pattern
+	}
+	return int32(len(entries))
+}
+
 // Migrate applies every pending migration and then (re)applies the role grants.
 // It is safe to call repeatedly and concurrently.
 func Migrate(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) (Result, error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
@@ -143,22 +144,14 @@ func TestUpgradeRecordsUnboundedWriters(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_writers"), "a fresh database has no unbounded writer")
 
-	upgraded := db.Schema + "_up"
-	_, err := db.Pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{upgraded}.Sanitize())
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{upgraded}.Sanitize()+" CASCADE")
-	})
-	conn, err := pgx.Connect(ctx, dbtest.WithSearchPath(t, db.URL, upgraded))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = schema.MigrateTo(ctx, conn, logger, 3)
+	conn, _ := upgradedSchema(t, db)
+	_, err := schema.MigrateTo(ctx, conn, logger, 3)
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, "INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at) VALUES ('idem:v1:old', sha256('old'), now() + interval '1 day')")
 	require.NoError(t, err)
 	res, err := schema.Migrate(ctx, conn, logger)
 	require.NoError(t, err)
-	require.EqualValues(t, 5, res.ToVersion)
+	require.EqualValues(t, schema.LatestVersion(), res.ToVersion)
 	var bounded bool
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*), bool_and(bounded) FROM idempotency_writers").Scan(&n, &bounded))
@@ -189,4 +182,64 @@ func TestARerunOfMigrateDoesNotLockTheArchive(t *testing.T) {
 	res, err := schema.Migrate(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err, "migrate waited for an exclusive lock behind a reader")
 	require.True(t, res.GrantsApplied)
+}
+
+// Upgrading a database whose archive holds rows marks them all pending for
+// idempotency_archive_plain_keys, so that a lookup of a key without a
+// timestamp still reads every partition for them; a Reader on a schema from
+// before the table reads every partition too.
+func TestUpgradeKeepsPlainKeysArchivedBeforeReachable(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"), "a fresh archive has nothing pending")
+
+	conn, url := upgradedSchema(t, db)
+	_, err := schema.MigrateTo(ctx, conn, logger, 5)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `
+		CREATE TABLE idempotency_key_archive_2026_11 PARTITION OF idempotency_key_archive
+		   FOR VALUES FROM ('2026-11-01 00:00:00+00') TO ('2026-12-01 00:00:00+00');
+		INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:before', '\x00', 201, '2026-11-01 10:00:00+00', '2026-11-02 10:00:00+00')`)
+	require.NoError(t, err)
+
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	r, err := archive.NewReader(pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	rec, err := r.Lookup(ctx, "idem:v1:before", nil)
+	require.NoError(t, err, "a schema without idempotency_archive_plain_keys: every partition is read")
+	require.Equal(t, 201, rec.Status)
+
+	_, err = schema.Migrate(ctx, conn, logger)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, dbtest.Count(t, pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending WHERE expired_from = '-infinity' AND expired_to = 'infinity'"))
+	require.Zero(t, dbtest.Count(t, pool, "SELECT count(*) FROM idempotency_archive_plain_keys"), "the trigger only sees rows archived after it")
+	rec, err = r.Lookup(ctx, "idem:v1:before", nil)
+	require.NoError(t, err, "the pending range reaches the row archived before migration 006")
+	require.Equal(t, 201, rec.Status)
+	_, err = r.Lookup(ctx, "idem:v1:never", nil)
+	require.ErrorIs(t, err, archive.ErrNotFound)
+}
+
+// upgradedSchema creates an empty schema beside db's, dropped at the end of
+// the test, for migrations from an older version, and returns a connection
+// to it and its connection string.
+func upgradedSchema(t *testing.T, db *dbtest.DB) (*pgx.Conn, string) {
+	t.Helper()
+	ctx := context.Background()
+	name := db.Schema + "_up"
+	_, err := db.Pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+	})
+	url := dbtest.WithSearchPath(t, db.URL, name)
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn, url
 }

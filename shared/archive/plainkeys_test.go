@@ -1,0 +1,184 @@
+package archive_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/keytime"
+	"github.com/idemarchive/idemarchive/shared/schema"
+)
+
+// plainRows counts the rows idempotency_archive_plain_keys holds for key.
+func plainRows(t *testing.T, pool *pgxpool.Pool, key string) int64 {
+	t.Helper()
+	return dbtest.Count(t, pool, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash($1)", key)
+}
+
+// Every way a row enters the archive through the partitioned table records a
+// key without a timestamp, and only such keys; a row skipped ON CONFLICT adds
+// nothing.
+func TestEveryArchivedPlainKeyIsRecorded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	sweeper := b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole))
+	nov := time.Date(2026, 11, 5, 0, 0, 0, 0, time.UTC)
+
+	timed := "idem:v1:" + ulid(nov)
+	dbtest.InsertArchive(t, sweeper,
+		dbtest.ArchiveRow{Key: "idem:v1:plain", Status: 201, ExpiredAt: nov},
+		dbtest.ArchiveRow{Key: "idem:v1:plain", Status: 201, ExpiredAt: nov.AddDate(0, -2, 0)},
+		dbtest.ArchiveRow{Key: timed, Status: 201, ExpiredAt: nov},
+	)
+	require.EqualValues(t, 2, plainRows(t, b.db.Pool, "idem:v1:plain"))
+	require.Zero(t, plainRows(t, b.db.Pool, timed), "a key with a timestamp is bounded by it, not recorded")
+
+	// COPY, as a bulk import would.
+	_, err := sweeper.CopyFrom(ctx, pgx.Identifier{"idempotency_key_archive"},
+		[]string{"scoped_key", "fingerprint", "status_code", "created_at", "expired_at"},
+		pgx.CopyFromRows([][]any{{"idem:v1:copied", dbtest.Fingerprint("c"), int16(201), nov.Add(-time.Hour), nov}}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, plainRows(t, b.db.Pool, "idem:v1:copied"))
+
+	// A row already archived (a sweep retried after a crash) adds nothing.
+	_, err = sweeper.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ($1, '\x00', 201, $2, $3) ON CONFLICT DO NOTHING`, "idem:v1:plain", nov.Add(-time.Hour), nov)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, plainRows(t, b.db.Pool, "idem:v1:plain"))
+
+	// No writer can go round the trigger by writing a partition directly.
+	for _, role := range []string{schema.SweeperRole, schema.WriterRole, schema.ReaderRole} {
+		pool := b.db.NewPool(t, dbtest.AsRole(role))
+		_, err := pool.Exec(ctx, `INSERT INTO idempotency_key_archive_2026_11 (scoped_key, fingerprint, status_code, created_at, expired_at)
+			VALUES ('idem:v1:direct', '\x00', 201, $1, $2)`, nov.Add(-time.Hour), nov)
+		require.ErrorContains(t, err, "permission denied", role)
+		_, err = pool.Exec(ctx, `INSERT INTO idempotency_archive_plain_keys VALUES (1, now())`)
+		require.ErrorContains(t, err, "permission denied", role)
+	}
+
+	rec, err := newReader(t, b.reader, nil).Lookup(ctx, "idem:v1:copied", nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+}
+
+// The lookup of a key without a timestamp finds every row the invariant of
+// migration 006 covers, and finds the rows it does not cover yet only through
+// a pending range.
+func TestPlainKeyLookupReadsPendingRanges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := newReader(t, b.reader, nil)
+	oct := time.Date(2026, 10, 9, 0, 0, 0, 0, time.UTC)
+	dbtest.InsertArchive(t, b.db.Pool,
+		dbtest.ArchiveRow{Key: "idem:v1:old", Status: 201, ResourceID: ptr("ch_old"), ExpiredAt: oct},
+		dbtest.ArchiveRow{Key: "idem:v1:old", Status: archive.InFlightStatus, ExpiredAt: oct.AddDate(0, 1, 0)},
+	)
+	// A row archived before its key was recorded (before migration 006).
+	_, err := b.db.Pool.Exec(ctx, "DELETE FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash('idem:v1:old') AND expired_at = $1", oct)
+	require.NoError(t, err)
+
+	rec, err := r.Lookup(ctx, "idem:v1:old", nil)
+	require.NoError(t, err)
+	require.True(t, rec.InFlight(), "without a pending range the October row is out of reach: this test can fail")
+
+	_, err = b.db.Pool.Exec(ctx, "INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ($1, $2)",
+		time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	rec, err = r.Lookup(ctx, "idem:v1:old", nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status, "the completed October row answers over the in-flight November one")
+	require.Equal(t, ptr("ch_old"), rec.ResourceID)
+
+	// A pending range reaches keys that were never recorded at all.
+	_, err = b.db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:unrecorded', '\x00', 409, $1, $2)`, oct.Add(-time.Hour), oct.Add(time.Hour))
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(ctx, "DELETE FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash('idem:v1:unrecorded')")
+	require.NoError(t, err)
+	rec, err = r.Lookup(ctx, "idem:v1:unrecorded", nil)
+	require.NoError(t, err)
+	require.Equal(t, 409, rec.Status)
+}
+
+// Where the database's rule for "has a timestamp" says yes and keytime's says
+// no, the database recorded nothing for the key: the lookup reads every
+// partition instead of trusting an empty answer.
+func TestPlainKeyLookupWhenTheRulesDisagree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.db.Pool.Exec(ctx, `CREATE OR REPLACE FUNCTION idempotency_key_has_time(scoped_key text) RETURNS boolean
+		LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$ SELECT true $$`)
+	require.NoError(t, err)
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:disputed", Status: 201, ExpiredAt: time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)})
+	require.Zero(t, plainRows(t, b.db.Pool, "idem:v1:disputed"))
+
+	r := newReader(t, b.reader, nil)
+	rec, err := r.Lookup(ctx, "idem:v1:disputed", nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+	touched := explainPartitions(t, b.reader, archive.LookupSQL, append([]any{"idem:v1:disputed"}, archive.ExpiryRange(r, "idem:v1:disputed")...)...)
+	require.Len(t, touched, 15)
+}
+
+// The trigger and the lookup decide whether a key has a timestamp with the
+// SQL function idempotency_key_has_time, the middleware with keytime.FromKey:
+// they must agree on every key a lookup accepts.
+func FuzzKeyTimeRuleMatchesSQL(f *testing.F) {
+	ts := time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC)
+	u := ulid(ts)
+	for _, s := range []string{
+		u, strings.ToLower(u), "idem:v1:" + u, "idem:v1:t=acme:" + u, u + ":x", "8" + u[1:], "7" + u[1:], "Z" + u[1:],
+		u[:25], u + "0", strings.Replace(u, "A", "I", 1), strings.Replace(u, "A", "L", 1), strings.Replace(u, "B", "U", 1),
+		"x\n" + u, u + "\n", ":" + u, "::" + u,
+		"0190f5a4-5c3e-7abc-8def-0123456789ab", "0190F5A4-5C3E-7ABC-BDEF-0123456789AB", "0190f5a4-5c3e-7abc-cdef-0123456789ab",
+		"0190f5a4-5c3e-4abc-8def-0123456789ab", "0190f5a45c3e-7abc-8def-0123456789ab-", "idem:v1:0190f5a4-5c3e-7abc-9def-0123456789ab",
+		"0190f5a4-5c3e-7abc-8def-0123456789aG", "g190f5a4-5c3e-7abc-8def-0123456789ab", "0190f5a4_5c3e-7abc-8def-0123456789ab",
+		"idem:v1:probe", "", "é" + u[1:], "idem:v1:" + u + "é",
+	} {
+		f.Add(s)
+	}
+	db := dbtest.New(f)
+	f.Fuzz(func(t *testing.T, key string) {
+		if !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0 {
+			return // refused before any query (ErrInvalidKey)
+		}
+		var inSQL bool
+		if err := db.Pool.QueryRow(context.Background(), "SELECT idempotency_key_has_time($1)", key).Scan(&inSQL); err != nil {
+			t.Fatal(err)
+		}
+		if _, inGo := keytime.FromKey(key); inGo != inSQL {
+			t.Fatalf("key %q: keytime says %v, idempotency_key_has_time says %v", key, inGo, inSQL)
+		}
+	})
+}
+
+// A plain key that was never archived is answered from
+// idempotency_archive_plain_keys alone, whatever the number of partitions.
+func TestPlainKeyNotArchivedReadsNoPartition(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := newReader(t, b.reader, nil)
+	for i := range 20 {
+		dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: fmt.Sprintf("idem:v1:k%d", i), Status: 201, ExpiredAt: time.Date(2026, time.Month(1+i%11), 2, 0, 0, 0, 0, time.UTC)})
+	}
+	require.Nil(t, archive.ExpiryRange(r, "idem:v1:missing"))
+	_, err := r.Lookup(context.Background(), "idem:v1:missing", nil)
+	require.ErrorIs(t, err, archive.ErrNotFound)
+	for i := range 20 {
+		rec, err := r.Lookup(context.Background(), fmt.Sprintf("idem:v1:k%d", i), nil)
+		require.NoError(t, err)
+		require.Equal(t, 201, rec.Status)
+	}
+}

@@ -1,0 +1,199 @@
+// Package plainkeys keeps idempotency_archive_plain_keys complete and small:
+// the table that says in which months the archive rows of keys without a
+// timestamp lie, so that their lookups read one small index and then only
+// those partitions (see migration 006 and package archive).
+//
+// The archive's trigger records every row as it is inserted. Two kinds of rows
+// are not recorded that way, and lie in a pending range instead, which
+// lookups read in full until it is gone:
+//   - rows archived before migration 006 (one range, -infinity to infinity);
+//   - rows of a partition attached with rows in it (its bounds).
+//
+// Index records the rows of the pending ranges, in batches in primary-key
+// order, and removes a range once every row in it is recorded. Rows inserted
+// into a range while it is being indexed are recorded by the trigger, so the
+// scan need not see them. Prune deletes the records of months that no
+// partition holds any more (retention), which lookups would otherwise still
+// read, for nothing.
+//
+// Both run in the partition manager's run, under its advisory lock, as the
+// owner of the tables.
+package plainkeys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// DefaultBatch is the number of archive rows one statement of Index reads, and
+// of records one statement of Prune deletes.
+const DefaultBatch = 20_000
+
+// Progress says what Index did.
+type Progress struct {
+	// Scanned is the number of archive rows read, Recorded the number of
+	// records added (rows of keys without a timestamp not yet recorded).
+	Scanned, Recorded int64
+	// RangesDone is the number of pending ranges finished and removed,
+	// RangesLeft the number still pending.
+	RangesDone, RangesLeft int
+}
+
+const pendingSQL = `
+SELECT expired_from, expired_to, after_key, after_expired_at
+  FROM idempotency_archive_plain_keys_pending
+ ORDER BY expired_from, expired_to
+ LIMIT 1`
+
+// indexSQL records the next $5 archive rows of the range [$1, $2) after the
+// primary key ($3, $4), and returns how many it read and recorded and the
+// last primary key read.
+const indexSQL = `
+WITH next AS MATERIALIZED (
+    SELECT scoped_key, expired_at
+      FROM idempotency_key_archive
+     WHERE expired_at >= $1 AND expired_at < $2
+       AND (scoped_key, expired_at) > ($3, $4)
+     ORDER BY scoped_key, expired_at
+     LIMIT $5
+),
+recorded AS (
+    INSERT INTO idempotency_archive_plain_keys (key_hash, expired_at)
+    SELECT idempotency_key_hash(scoped_key), expired_at
+      FROM next
+     WHERE NOT idempotency_key_has_time(scoped_key)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+),
+last AS (
+    SELECT scoped_key, expired_at FROM next ORDER BY scoped_key DESC, expired_at DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM next), (SELECT count(*) FROM recorded),
+       (SELECT scoped_key FROM last), (SELECT expired_at FROM last)`
+
+const advanceSQL = `
+UPDATE idempotency_archive_plain_keys_pending
+   SET after_key = $3, after_expired_at = $4
+ WHERE expired_from = $1 AND expired_to = $2`
+
+const finishSQL = `
+DELETE FROM idempotency_archive_plain_keys_pending
+ WHERE expired_from = $1 AND expired_to = $2`
+
+// Index records the rows of pending ranges until none is left or deadline
+// passes (checked between batches; each batch is its own transaction, so an
+// interruption loses at most one batch's work and repeats it harmlessly).
+func Index(ctx context.Context, conn *pgx.Conn, batch int, deadline time.Time) (Progress, error) {
+	var p Progress
+	if batch < 1 {
+		return p, fmt.Errorf("plain keys: batch must be positive, got %d", batch)
+	}
+	for {
+		var from, to, afterExpiry pgtype.Timestamptz
+		var afterKey string
+		err := conn.QueryRow(ctx, pendingSQL).Scan(&from, &to, &afterKey, &afterExpiry)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return p, nil
+		}
+		if err != nil {
+			return p, fmt.Errorf("plain keys: read pending ranges: %w", err)
+		}
+		if !time.Now().Before(deadline) {
+			return p, p.countLeft(ctx, conn)
+		}
+		var scanned, recorded int64
+		var lastKey *string
+		var lastExpiry pgtype.Timestamptz
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, indexSQL, from, to, afterKey, afterExpiry, batch).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
+				return err
+			}
+			if scanned < int64(batch) {
+				_, err := tx.Exec(ctx, finishSQL, from, to)
+				return err
+			}
+			_, err := tx.Exec(ctx, advanceSQL, from, to, *lastKey, lastExpiry)
+			return err
+		})
+		if err != nil {
+			return p, fmt.Errorf("plain keys: index the range %s to %s: %w", format(from), format(to), err)
+		}
+		p.Scanned += scanned
+		p.Recorded += recorded
+		if scanned < int64(batch) {
+			p.RangesDone++
+		}
+	}
+}
+
+func (p *Progress) countLeft(ctx context.Context, conn *pgx.Conn) error {
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys_pending").Scan(&n); err != nil {
+		return fmt.Errorf("plain keys: count pending ranges: %w", err)
+	}
+	p.RangesLeft = n
+	return nil
+}
+
+// pruneSQL deletes up to $2 records of expiries before $1. The BRIN index on
+// expired_at finds them (records arrive in roughly expiry order).
+const pruneSQL = `
+DELETE FROM idempotency_archive_plain_keys
+ WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_archive_plain_keys WHERE expired_at < $1 LIMIT $2))`
+
+// oldestSQL is the lower bound of the oldest partition of the archive,
+// counting a partition whose detach is pending (it can still come back), or
+// NULL when there is none. A record before it points at a month no partition
+// holds. A bound that is not a timestamp (MINVALUE, a DEFAULT partition)
+// counts as -infinity: such a partition can hold any expiry.
+const oldestSQL = `
+SELECT min(lower_bound)
+  FROM (SELECT coalesce((regexp_match(pg_get_expr(c.relpartbound, c.oid), '^FOR VALUES FROM \(''([^'']*)''\)'))[1]::timestamptz,
+                        '-infinity') AS lower_bound
+          FROM pg_inherits i
+          JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = to_regclass('idempotency_key_archive')) AS parts`
+
+// Prune deletes the records of months before the oldest partition, in
+// batches, until none is left or deadline passes; it returns how many it
+// deleted. With no partition at all it deletes nothing: there is then no way
+// to tell retired months from months not created yet.
+func Prune(ctx context.Context, conn *pgx.Conn, batch int, deadline time.Time) (int64, error) {
+	if batch < 1 {
+		return 0, fmt.Errorf("plain keys: batch must be positive, got %d", batch)
+	}
+	var oldest pgtype.Timestamptz
+	if err := conn.QueryRow(ctx, oldestSQL).Scan(&oldest); err != nil {
+		return 0, fmt.Errorf("plain keys: read the oldest partition: %w", err)
+	}
+	if !oldest.Valid || oldest.InfinityModifier != pgtype.Finite {
+		return 0, nil
+	}
+	var deleted int64
+	for time.Now().Before(deadline) {
+		tag, err := conn.Exec(ctx, pruneSQL, oldest, batch)
+		if err != nil {
+			return deleted, fmt.Errorf("plain keys: delete records before %s: %w", format(oldest), err)
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			break
+		}
+	}
+	return deleted, nil
+}
+
+func format(t pgtype.Timestamptz) string {
+	switch t.InfinityModifier {
+	case pgtype.Infinity:
+		return "infinity"
+	case pgtype.NegativeInfinity:
+		return "-infinity"
+	}
+	return t.Time.UTC().Format(time.RFC3339)
+}

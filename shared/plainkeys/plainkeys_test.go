@@ -1,0 +1,165 @@
+package plainkeys_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/plainkeys"
+	"github.com/idemarchive/idemarchive/shared/schema"
+)
+
+// month is the current one: dbtest.Partition creates it.
+var month = partition.MonthStart(time.Now())
+
+// archiveUnrecorded archives n plain and n timestamped keys in month and
+// forgets the records of the plain ones, as for rows archived before
+// migration 006, and marks everything pending as that migration does.
+func archiveUnrecorded(t *testing.T, db *dbtest.DB, n int) []string {
+	t.Helper()
+	var plain []string
+	for i := range n {
+		key := fmt.Sprintf("idem:v1:plain-%03d", i)
+		plain = append(plain, key)
+		dbtest.InsertArchive(t, db.Pool,
+			dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: month.Add(time.Duration(i) * time.Hour)},
+			dbtest.ArchiveRow{Key: fmt.Sprintf("idem:v1:01JD%022d", i), Status: 201, ExpiredAt: month.Add(time.Duration(i) * time.Hour)})
+	}
+	_, err := db.Pool.Exec(context.Background(), `
+		TRUNCATE idempotency_archive_plain_keys;
+		INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ('-infinity', 'infinity')`)
+	require.NoError(t, err)
+	return plain
+}
+
+// setup is a database with 10 plain and 10 timestamped keys archived and
+// not recorded, and the plain keys.
+func setup(t *testing.T) (*dbtest.DB, []string) {
+	t.Helper()
+	db := dbtest.New(t)
+	db.Partition(t, 1)
+	return db, archiveUnrecorded(t, db, 10)
+}
+
+func lookupAll(t *testing.T, pool *pgxpool.Pool, keys []string) {
+	t.Helper()
+	r, err := archive.NewReader(pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	for _, k := range keys {
+		_, err := r.Lookup(context.Background(), k, nil)
+		require.NoError(t, err, k)
+	}
+}
+
+func TestIndexRecordsPendingRowsInBatchesAndResumes(t *testing.T) {
+	t.Parallel()
+	db, plain := setup(t)
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer func() { conn.Release() }()
+
+	// A run out of time does nothing and says so.
+	p, err := plainkeys.Index(ctx, conn.Conn(), 3, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, plainkeys.Progress{RangesLeft: 1}, p)
+
+	// A cancelled run fails and leaves the range pending.
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = plainkeys.Index(cancelled, conn.Conn(), 3, time.Now().Add(time.Minute))
+	require.ErrorIs(t, err, context.Canceled)
+	conn.Release()
+	conn, err = db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+
+	p, err = plainkeys.Index(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.EqualValues(t, 20, p.Scanned)
+	require.EqualValues(t, 10, p.Recorded, "only the keys without a timestamp")
+	require.Equal(t, 1, p.RangesDone)
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+	require.EqualValues(t, 10, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
+	// Nothing pending any more: lookups rely on the records alone.
+	lookupAll(t, db.NewPool(t, dbtest.AsRole(schema.ReaderRole)), plain)
+}
+
+func TestIndexStopsAtItsDeadlineBetweenBatches(t *testing.T) {
+	t.Parallel()
+	db, plain := setup(t)
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+
+	// A deadline that passes during the first batch: one batch runs.
+	p, err := plainkeys.Index(ctx, conn.Conn(), 4, time.Now().Add(time.Millisecond))
+	time.Sleep(2 * time.Millisecond)
+	require.NoError(t, err)
+	require.LessOrEqual(t, p.Scanned, int64(20))
+	left := dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending")
+	if p.Scanned < 20 {
+		require.EqualValues(t, 1, left)
+		require.Equal(t, 1, p.RangesLeft)
+	}
+	// Still pending: every key is found meanwhile, recorded or not.
+	lookupAll(t, db.NewPool(t, dbtest.AsRole(schema.ReaderRole)), plain)
+
+	for left > 0 {
+		_, err = plainkeys.Index(ctx, conn.Conn(), 4, time.Now().Add(time.Minute))
+		require.NoError(t, err)
+		left = dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending")
+	}
+	require.EqualValues(t, 10, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
+	lookupAll(t, db.NewPool(t, dbtest.AsRole(schema.ReaderRole)), plain)
+}
+
+func TestPruneDeletesOnlyRecordsOfMonthsNoPartitionHolds(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `INSERT INTO idempotency_archive_plain_keys
+		SELECT g, '2026-09-15'::timestamptz + g * interval '1 day' FROM generate_series(0, 59) g`)
+	require.NoError(t, err)
+
+	// No partition at all: nothing tells retired months from future ones.
+	n, err := plainkeys.Prune(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	_, err = conn.Exec(ctx, `
+		CREATE TABLE idempotency_key_archive_2026_10 PARTITION OF idempotency_key_archive
+		   FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00');
+		CREATE TABLE idempotency_key_archive_2026_11 PARTITION OF idempotency_key_archive
+		   FOR VALUES FROM ('2026-11-01 00:00:00+00') TO ('2026-12-01 00:00:00+00')`)
+	require.NoError(t, err)
+	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.EqualValues(t, 16, n, "15 to 30 September")
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE expired_at < '2026-10-01'"))
+	require.EqualValues(t, 44, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
+
+	// A partition that can hold any expiry keeps every record.
+	_, err = conn.Exec(ctx, `
+		INSERT INTO idempotency_archive_plain_keys VALUES (-1, '2020-01-01');
+		CREATE TABLE idempotency_key_archive_old PARTITION OF idempotency_key_archive
+		   FOR VALUES FROM (MINVALUE) TO ('2026-10-01 00:00:00+00')`)
+	require.NoError(t, err)
+	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	_, err = plainkeys.Prune(ctx, conn.Conn(), 0, time.Now().Add(time.Minute))
+	require.ErrorContains(t, err, "batch must be positive")
+}
