@@ -153,16 +153,30 @@ type Reader struct {
 	metrics *metrics.Emitter
 
 	mu sync.Mutex
-	// reach is how far before its timestamp a key's rows can lie, read from
-	// idempotency_writers at most once per reachTTL; negative: unbounded.
-	reach     time.Duration
-	reachRead time.Time
+	// writers is what idempotency_writers said, read at most once per
+	// reachTTL.
+	writers     writersView
+	writersRead time.Time
 }
 
-// reachTTL is how long a Reader trusts the reach it read. A stale value is
-// always safe: the only change that widens the reach, a writer that bounded
-// nothing, is recorded by the migration that creates the table, before any
-// Reader can read it; afterwards the reach only narrows.
+// writersView is what the writers on record allow a lookup to skip.
+type writersView struct {
+	// reach is how far before its timestamp a key's rows can lie;
+	// negative: unbounded.
+	reach time.Duration
+	// sweptOnly says that every archive row was moved by a sweep (no writer
+	// archives at completion), so that none expires after the database's
+	// clock: lookups of keys with a timestamp are bounded above too.
+	sweptOnly bool
+	// clockOffset is the database's clock minus this host's, when read.
+	clockOffset time.Duration
+}
+
+// reachTTL is how long a Reader trusts the writers it read. A stale reach is
+// safe: the only change that widens it, a writer that bounded nothing, is
+// recorded by the migration that creates the table, before any Reader can
+// read it, or by a live-table trigger for a key that is archived only after
+// its TTL. A stale ceiling is not, and each lookup proves it (ceilingSQL).
 const reachTTL = time.Minute
 
 // NewReader validates cfg (after defaults) and returns a Reader. emitter may be nil.
@@ -202,25 +216,40 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	var status int16
 	found := false
 	err := tracing.Span(ctx, "archive.lookup", func(ctx context.Context) error {
-		earliest, latest, err := r.expiryRange(ctx, scopedKey)
+		earliest, latest, ceiling, err := r.expiryRange(ctx, scopedKey)
 		if err != nil || !earliest.Valid {
 			return err
 		}
-		return r.bounded(ctx, func(b *pgx.Batch) {
-			b.Queue(lookupSQL, scopedKey, earliest, latest).Query(func(rows pgx.Rows) error {
-				// Not found is an empty result, not an error: pgx drops a
-				// connection's cached statements after a batch that
-				// returns an error, and the next lookup would prepare
-				// again before its statement timeout is set.
-				for rows.Next() {
-					found = true
-					if err := rows.Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived); err != nil {
-						return err
+		for {
+			proven := true
+			err := r.bounded(ctx, func(b *pgx.Batch) {
+				b.Queue(lookupSQL, scopedKey, earliest, latest).Query(func(rows pgx.Rows) error {
+					// Not found is an empty result, not an error: pgx drops a
+					// connection's cached statements after a batch that
+					// returns an error, and the next lookup would prepare
+					// again before its statement timeout is set.
+					for rows.Next() {
+						found = true
+						if err := rows.Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived); err != nil {
+							return err
+						}
 					}
+					return rows.Err()
+				})
+				if ceiling {
+					b.Queue(ceilingSQL, latest).QueryRow(func(row pgx.Row) error { return row.Scan(&proven) })
 				}
-				return rows.Err()
 			})
-		})
+			if err != nil || proven {
+				return err
+			}
+			// The writers changed since they were read, or the clocks
+			// disagree more than the margin: read them again next time,
+			// and this time read every later partition.
+			r.forgetWriters()
+			found, ceiling = false, false
+			latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+		}
 	})
 	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
 	if err != nil {
@@ -303,15 +332,28 @@ func compareFingerprints(given, archived []byte) *bool {
 // migration 006 for the invariant). The database decides with the same rule
 // as the trigger that records them whether the key has a timestamp; where it
 // disagrees with keytime, every partition is read.
-func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (earliest, latest pgtype.Timestamptz, err error) {
+//
+// With no writer on record that archives at completion, every archive row
+// was moved by a sweep, after it expired by the database's clock: a key with
+// a timestamp is then also bounded above, by the database's clock as last
+// read plus ceilingMargin, and ceiling is true. That bound rests on a view
+// of the writers up to reachTTL old, so the lookup proves it with ceilingSQL
+// in the same round trip, after the lookup, and reads again without it when
+// the proof fails.
+func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (earliest, latest pgtype.Timestamptz, ceiling bool, err error) {
 	earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
 	if ts, ok := keytime.FromKey(scopedKey); ok {
-		reach, err := r.readReach(ctx)
-		if err != nil || reach < 0 {
-			return earliest, latest, err
+		w, err := r.readWriters(ctx)
+		if err != nil || w.reach < 0 {
+			return earliest, latest, false, err
 		}
-		return pgtype.Timestamptz{Time: ts.Add(-reach), Valid: true}, latest, nil
+		earliest = pgtype.Timestamptz{Time: ts.Add(-w.reach), Valid: true}
+		if w.sweptOnly {
+			latest = pgtype.Timestamptz{Time: r.cfg.Now().Add(w.clockOffset + ceilingMargin), Valid: true}
+			return earliest, latest, true, nil
+		}
+		return earliest, latest, false, nil
 	}
 	var lo, hi pgtype.Timestamptz
 	err = r.bounded(ctx, func(b *pgx.Batch) {
@@ -321,12 +363,31 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (earliest, l
 		if missingGrantOrTable(err) {
 			// A schema migrated before the table existed, or a role without
 			// SELECT on it: every partition is read. Correct, only slower.
-			return earliest, latest, nil
+			return earliest, latest, false, nil
 		}
-		return earliest, latest, fmt.Errorf("read where the key's rows are: %w", timeoutError(ctx, err))
+		return earliest, latest, false, fmt.Errorf("read where the key's rows are: %w", timeoutError(ctx, err))
 	}
-	return lo, hi, nil
+	return lo, hi, false, nil
 }
+
+// ceilingMargin is added to the database's clock as last read to bound a
+// lookup above: it absorbs the drift between this host's clock and the
+// database's over reachTTL. ceilingSQL catches anything larger.
+const ceilingMargin = time.Minute
+
+// ceilingSQL proves, after a lookup bounded above by $1, that the bound
+// missed nothing. Archive rows are written only by sweeps (expired_at < the
+// database's now() when swept) unless a writer archives at completion (ttl_ms
+// = 0) or bounded nothing, and every such writer records itself before it
+// writes an archive row, and no writer row is ever deleted. So when this
+// statement, whose snapshot is later than the lookup's, sees no such writer,
+// none had written a row the lookup could see; and every row the lookup
+// could see was swept before it began, at a database time before
+// clock_timestamp() here. A bound at or after that time missed nothing.
+const ceilingSQL = `
+SELECT $1::timestamptz >= clock_timestamp()
+       AND NOT coalesce(bool_or(ttl_ms = 0 OR NOT bounded), false)
+  FROM idempotency_writers`
 
 // Statement is one SQL statement of a lookup, with its arguments.
 type Statement struct {
@@ -345,7 +406,7 @@ func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Stat
 	if _, ok := keytime.FromKey(scopedKey); !ok {
 		out = append(out, Statement{SQL: plainKeySQL, Args: []any{scopedKey}})
 	}
-	earliest, latest, err := r.expiryRange(ctx, scopedKey)
+	earliest, latest, _, err := r.expiryRange(ctx, scopedKey)
 	if err != nil {
 		return nil, err
 	}
@@ -376,26 +437,32 @@ func missingGrantOrTable(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883" || pgErr.Code == "42501")
 }
 
-// reachSQL reads how far before its timestamp a key can have been stored:
-// NULL when a writer on record bounded nothing, else the largest skew on
-// record in milliseconds (0 when none).
-const reachSQL = `
-SELECT CASE WHEN bool_or(NOT bounded) THEN NULL ELSE coalesce(max(skew_ms), 0) END
+// writersSQL reads how far before its timestamp a key can have been stored
+// (NULL when a writer on record bounded nothing, else the largest skew on
+// record in milliseconds, 0 when none), whether a writer archives at
+// completion, and the database's clock.
+const writersSQL = `
+SELECT CASE WHEN bool_or(NOT bounded) THEN NULL ELSE coalesce(max(skew_ms), 0) END,
+       coalesce(bool_or(ttl_ms = 0), false),
+       clock_timestamp()
   FROM idempotency_writers`
 
-func (r *Reader) readReach(ctx context.Context) (time.Duration, error) {
+func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
 	r.mu.Lock()
-	reach, read := r.reach, r.reachRead
+	w, read := r.writers, r.writersRead
 	r.mu.Unlock()
 	if !read.IsZero() && time.Since(read) < reachTTL {
-		return reach, nil
+		return w, nil
 	}
 	// Not under the lock: one slow caller must not hold up the others.
 	// Bounded like every query: a migration holds this table exclusively
 	// for a moment on every deploy.
 	var ms *int64
+	var atCompletion bool
+	var dbNow time.Time
+	sent, start := r.cfg.Now(), time.Now()
 	err := r.bounded(ctx, func(b *pgx.Batch) {
-		b.Queue(reachSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&ms) })
+		b.Queue(writersSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&ms, &atCompletion, &dbNow) })
 	})
 	if err != nil {
 		if missingGrantOrTable(err) {
@@ -403,18 +470,27 @@ func (r *Reader) readReach(ctx context.Context) (time.Duration, error) {
 			// migrate), or a role without SELECT on idempotency_writers
 			// (grant idempotency_reader): nothing is bounded, every
 			// partition is read. Correct, only slower.
-			return -1, nil
+			return writersView{reach: -1}, nil
 		}
-		return 0, fmt.Errorf("read the writers' clock skews: %w", timeoutError(ctx, err))
+		return writersView{}, fmt.Errorf("read the writers' clock skews: %w", timeoutError(ctx, err))
 	}
-	reach = -1
+	w = writersView{reach: -1}
 	if ms != nil {
-		reach = max(keytime.MaxClockSkew, time.Duration(*ms)*time.Millisecond)
+		w.reach = max(keytime.MaxClockSkew, time.Duration(*ms)*time.Millisecond)
+		w.sweptOnly = !atCompletion
+		w.clockOffset = dbNow.Sub(sent.Add(time.Since(start) / 2))
 	}
 	r.mu.Lock()
-	r.reach, r.reachRead = reach, time.Now()
+	r.writers, r.writersRead = w, time.Now()
 	r.mu.Unlock()
-	return reach, nil
+	return w, nil
+}
+
+// forgetWriters makes the next lookup read idempotency_writers again.
+func (r *Reader) forgetWriters() {
+	r.mu.Lock()
+	r.writersRead = time.Time{}
+	r.mu.Unlock()
 }
 
 func validateKey(k string) error {

@@ -15,7 +15,7 @@ const (
 // ExpiryRange returns the bounds Lookup passes to LookupSQL for key; nil
 // when the key is known to have no archive row.
 func ExpiryRange(r *Reader, key string) []any {
-	lo, hi, err := r.expiryRange(context.Background(), key)
+	lo, hi, _, err := r.expiryRange(context.Background(), key)
 	if err != nil {
 		panic(err)
 	}
