@@ -175,8 +175,8 @@ type writersView struct {
 // reachTTL is how long a Reader trusts the writers it read. A stale reach is
 // safe: the only change that widens it, a writer that bounded nothing, is
 // recorded by the migration that creates the table, before any Reader can
-// read it, or by a live-table trigger for a key that is archived only after
-// its TTL. A stale ceiling is not, and each lookup proves it (ceilingSQL).
+// read it, or by a live-table trigger, and each lookup proves the bounds it
+// used (proofSQL).
 const reachTTL = time.Minute
 
 // NewReader validates cfg (after defaults) and returns a Reader. emitter may be nil.
@@ -216,7 +216,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	var status int16
 	found := false
 	err := tracing.Span(ctx, "archive.lookup", func(ctx context.Context) error {
-		earliest, latest, ceiling, err := r.expiryRange(ctx, scopedKey)
+		earliest, latest, reach, err := r.expiryRange(ctx, scopedKey)
 		if err != nil || !earliest.Valid {
 			return err
 		}
@@ -236,8 +236,8 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 					}
 					return rows.Err()
 				})
-				if ceiling {
-					b.Queue(ceilingSQL, latest).QueryRow(func(row pgx.Row) error { return row.Scan(&proven) })
+				if reach >= 0 {
+					b.Queue(proofSQL, latest, reach.Milliseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&proven) })
 				}
 			})
 			if err != nil || proven {
@@ -245,9 +245,10 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 			}
 			// The writers changed since they were read, or the clocks
 			// disagree more than the margin: read them again next time,
-			// and this time read every later partition.
+			// and this time read every partition.
 			r.forgetWriters()
-			found, ceiling = false, false
+			found, reach = false, -1
+			earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 			latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
 		}
 	})
@@ -336,24 +337,26 @@ func compareFingerprints(given, archived []byte) *bool {
 // With no writer on record that archives at completion, every archive row
 // was moved by a sweep, after it expired by the database's clock: a key with
 // a timestamp is then also bounded above, by the database's clock as last
-// read plus ceilingMargin, and ceiling is true. That bound rests on a view
-// of the writers up to reachTTL old, so the lookup proves it with ceilingSQL
-// in the same round trip, after the lookup, and reads again without it when
+// read plus ceilingMargin.
+//
+// Both bounds of a key with a timestamp rest on a view of the writers up to
+// reachTTL old: reach, the skew the lower bound allowed for (negative when
+// the bounds rest on nothing), tells the lookup to prove them with proofSQL
+// in the same round trip, after the lookup, and to read every partition when
 // the proof fails.
-func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (earliest, latest pgtype.Timestamptz, ceiling bool, err error) {
+func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (earliest, latest pgtype.Timestamptz, reach time.Duration, err error) {
 	earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
 	if ts, ok := keytime.FromKey(scopedKey); ok {
 		w, err := r.readWriters(ctx)
 		if err != nil || w.reach < 0 {
-			return earliest, latest, false, err
+			return earliest, latest, -1, err
 		}
 		earliest = pgtype.Timestamptz{Time: ts.Add(-w.reach), Valid: true}
 		if w.sweptOnly {
 			latest = pgtype.Timestamptz{Time: r.cfg.Now().Add(w.clockOffset + ceilingMargin), Valid: true}
-			return earliest, latest, true, nil
 		}
-		return earliest, latest, false, nil
+		return earliest, latest, w.reach, nil
 	}
 	var lo, hi pgtype.Timestamptz
 	err = r.bounded(ctx, func(b *pgx.Batch) {
@@ -363,30 +366,40 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (earliest, l
 		if missingGrantOrTable(err) {
 			// A schema migrated before the table existed, or a role without
 			// SELECT on it: every partition is read. Correct, only slower.
-			return earliest, latest, false, nil
+			return earliest, latest, -1, nil
 		}
-		return earliest, latest, false, fmt.Errorf("read where the key's rows are: %w", timeoutError(ctx, err))
+		return earliest, latest, -1, fmt.Errorf("read where the key's rows are: %w", timeoutError(ctx, err))
 	}
-	return lo, hi, false, nil
+	return lo, hi, -1, nil
 }
 
 // ceilingMargin is added to the database's clock as last read to bound a
-// lookup above: it absorbs the drift between this host's clock and the
-// database's over reachTTL. ceilingSQL catches anything larger.
-const ceilingMargin = time.Minute
+// lookup above. It absorbs the drift between this host's clock and the
+// database's over reachTTL (proofSQL catches anything larger), and a
+// database clock that steps back after a sweep (a failover to a host whose
+// clock is behind) by up to as much, which nothing can catch afterwards.
+// Partitions are monthly, so an hour costs a partition more only in the
+// last hour of a month.
+const ceilingMargin = time.Hour
 
-// ceilingSQL proves, after a lookup bounded above by $1, that the bound
-// missed nothing. Archive rows are written only by sweeps (expired_at < the
-// database's now() when swept) unless a writer archives at completion (ttl_ms
-// = 0) or bounded nothing, and every such writer records itself before it
-// writes an archive row, and no writer row is ever deleted. So when this
-// statement, whose snapshot is later than the lookup's, sees no such writer,
-// none had written a row the lookup could see; and every row the lookup
-// could see was swept before it began, at a database time before
-// clock_timestamp() here. A bound at or after that time missed nothing.
-const ceilingSQL = `
-SELECT $1::timestamptz >= clock_timestamp()
-       AND NOT coalesce(bool_or(ttl_ms = 0 OR NOT bounded), false)
+// proofSQL proves, after a lookup bounded by the writers as last read, that
+// the bounds missed nothing: $1 the upper bound (infinity when none), $2 the
+// skew the lower bound allowed for, in milliseconds.
+//
+// Every writer records itself before it writes a row, and no writer row is
+// ever deleted; this statement's snapshot is later than the lookup's. So
+// when it sees no writer that bounded nothing and no skew above $2, none had
+// stored a row the lower bound could miss. The upper bound: archive rows are
+// written only by sweeps (expired_at < the database's now() when swept)
+// unless a writer archives at completion (ttl_ms = 0); when none is on
+// record, every row the lookup could see was swept before it began, at a
+// database time before clock_timestamp() here, and a bound at or after that
+// time missed nothing.
+const proofSQL = `
+SELECT NOT coalesce(bool_or(NOT bounded), false)
+       AND coalesce(max(skew_ms), 0) <= $2
+       AND ($1::timestamptz = 'infinity'
+            OR ($1 >= clock_timestamp() AND NOT coalesce(bool_or(ttl_ms = 0), false)))
   FROM idempotency_writers`
 
 // Statement is one SQL statement of a lookup, with its arguments.

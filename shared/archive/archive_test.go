@@ -22,6 +22,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
+	"github.com/idemarchive/idemarchive/shared/sweep"
 )
 
 var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
@@ -447,4 +448,30 @@ func TestTheCeilingOfALookupIsProvenByEachLookup(t *testing.T) {
 	require.Equal(t, 202, rec.Status)
 	hi := archive.ExpiryRange(r, ahead)[1].(pgtype.Timestamptz)
 	require.Equal(t, pgtype.Infinity, hi.InfinityModifier, "read again, the writers allow no ceiling")
+}
+
+// A writer that bounds nothing (an older release during a rolling deploy)
+// may appear after a Reader read the writers and store a key hours before
+// its timestamp, with a TTL of a second: the proof after the lookup catches
+// the stale view, and the lookup reads every partition.
+func TestAStaleViewOfTheWritersIsCaughtByTheProof(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r, err := archive.NewReader(b.reader, archive.Config{}, nil)
+	require.NoError(t, err)
+	key := "idem:v1:" + ulid(time.Now().Add(3*time.Hour))
+	_, err = r.Lookup(ctx, key, nil)
+	require.ErrorIs(t, err, archive.ErrNotFound, "reads the writers: all bounded")
+
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: key, Status: 201, ExpiresAt: time.Now().Add(-time.Second)})
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_writers WHERE NOT bounded"))
+	sw, err := sweep.New(b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole)), sweep.Config{}, nil, nil)
+	require.NoError(t, err)
+	_, err = sw.Run(ctx)
+	require.NoError(t, err)
+
+	rec, err := r.Lookup(ctx, key, nil)
+	require.NoError(t, err, "a row stored three hours before its timestamp, after the Reader read the writers")
+	require.Equal(t, 201, rec.Status)
 }

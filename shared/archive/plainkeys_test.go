@@ -182,3 +182,17 @@ func TestPlainKeyNotArchivedReadsNoPartition(t *testing.T) {
 		require.Equal(t, 201, rec.Status)
 	}
 }
+
+// The owner may move an archive row by hand (an incident fix): the row stays
+// reachable.
+func TestAnUpdatedArchiveRowIsRecorded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:moved", Status: 201, ExpiredAt: time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)})
+	_, err := b.db.Pool.Exec(ctx, "UPDATE idempotency_key_archive SET expired_at = '2026-08-03 00:00:00+00', scoped_key = 'idem:v1:renamed' WHERE scoped_key = 'idem:v1:moved'")
+	require.NoError(t, err)
+	rec, err := newReader(t, b.reader, nil).Lookup(ctx, "idem:v1:renamed", nil)
+	require.NoError(t, err)
+	require.Equal(t, time.Date(2026, 8, 3, 0, 0, 0, 0, time.UTC), rec.ExpiredAt)
+}

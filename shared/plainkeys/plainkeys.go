@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,7 +53,9 @@ SELECT expired_from, expired_to, after_key, after_expired_at
 
 // indexSQL records the next $5 archive rows of the range [$1, $2) after the
 // primary key ($3, $4), and returns how many it read and recorded and the
-// last primary key read.
+// last primary key read. A range that ends at infinity includes it
+// (indexToInfinitySQL): a row can expire at 'infinity' in a partition
+// bounded by MAXVALUE.
 const indexSQL = `
 WITH next AS MATERIALIZED (
     SELECT scoped_key, expired_at
@@ -75,6 +78,8 @@ last AS (
 )
 SELECT (SELECT count(*) FROM next), (SELECT count(*) FROM recorded),
        (SELECT scoped_key FROM last), (SELECT expired_at FROM last)`
+
+var indexToInfinitySQL = strings.Replace(indexSQL, "expired_at < $2", "expired_at <= $2", 1)
 
 const advanceSQL = `
 UPDATE idempotency_archive_plain_keys_pending
@@ -110,7 +115,11 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, deadline time.Time) (
 		var lastKey *string
 		var lastExpiry pgtype.Timestamptz
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if err := tx.QueryRow(ctx, indexSQL, from, to, afterKey, afterExpiry, batch).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
+			sql := indexSQL
+			if to.InfinityModifier == pgtype.Infinity {
+				sql = indexToInfinitySQL
+			}
+			if err := tx.QueryRow(ctx, sql, from, to, afterKey, afterExpiry, batch).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
 				return err
 			}
 			if scanned < int64(batch) {
@@ -140,24 +149,35 @@ func (p *Progress) countLeft(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// pruneSQL deletes up to $2 records of expiries before $1. The BRIN index on
-// expired_at finds them (records arrive in roughly expiry order).
+// pruneSQL deletes up to $1 records of expiries before the oldest month any
+// table of the archive can hold, computed in the same statement (so that a
+// month a sweeper creates meanwhile counts): the lower bound of the oldest
+// partition, counting a partition whose detach is pending, and of any table
+// named like a monthly partition that is not attached (a detached or
+// restored month, which the partition manager may attach again). A bound
+// that is not a timestamp (MINVALUE, a DEFAULT partition) counts as
+// -infinity: such a partition can hold any expiry. With no table at all it
+// deletes nothing: nothing then tells retired months from months not
+// created yet. The BRIN index on expired_at finds the records (they arrive
+// in roughly expiry order).
 const pruneSQL = `
+WITH bounds AS (
+    SELECT coalesce((regexp_match(pg_get_expr(c.relpartbound, c.oid), '^FOR VALUES FROM \(''([^'']*)''\)'))[1]::timestamptz,
+                    '-infinity') AS lower_bound
+      FROM pg_inherits i
+      JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent = to_regclass('idempotency_key_archive')
+    UNION ALL
+    SELECT (replace(substr(c.relname, 25), '_', '-') || '-01 00:00:00+00')::timestamptz
+      FROM pg_class c
+     WHERE c.relnamespace = current_schema()::regnamespace
+       AND c.relkind = 'r'
+       AND c.relname ~ '^idempotency_key_archive_[0-9]{4}_(0[1-9]|1[0-2])$'
+),
+oldest AS (SELECT min(lower_bound) AS bound FROM bounds)
 DELETE FROM idempotency_archive_plain_keys
- WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_archive_plain_keys WHERE expired_at < $1 LIMIT $2))`
-
-// oldestSQL is the lower bound of the oldest partition of the archive,
-// counting a partition whose detach is pending (it can still come back), or
-// NULL when there is none. A record before it points at a month no partition
-// holds. A bound that is not a timestamp (MINVALUE, a DEFAULT partition)
-// counts as -infinity: such a partition can hold any expiry.
-const oldestSQL = `
-SELECT min(lower_bound)
-  FROM (SELECT coalesce((regexp_match(pg_get_expr(c.relpartbound, c.oid), '^FOR VALUES FROM \(''([^'']*)''\)'))[1]::timestamptz,
-                        '-infinity') AS lower_bound
-          FROM pg_inherits i
-          JOIN pg_class c ON c.oid = i.inhrelid
-         WHERE i.inhparent = to_regclass('idempotency_key_archive')) AS parts`
+ WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_archive_plain_keys, oldest
+                          WHERE expired_at < oldest.bound LIMIT $1))`
 
 // Prune deletes the records of months before the oldest partition, in
 // batches, until none is left or deadline passes; it returns how many it
@@ -167,18 +187,11 @@ func Prune(ctx context.Context, conn *pgx.Conn, batch int, deadline time.Time) (
 	if batch < 1 {
 		return 0, fmt.Errorf("plain keys: batch must be positive, got %d", batch)
 	}
-	var oldest pgtype.Timestamptz
-	if err := conn.QueryRow(ctx, oldestSQL).Scan(&oldest); err != nil {
-		return 0, fmt.Errorf("plain keys: read the oldest partition: %w", err)
-	}
-	if !oldest.Valid || oldest.InfinityModifier != pgtype.Finite {
-		return 0, nil
-	}
 	var deleted int64
 	for time.Now().Before(deadline) {
-		tag, err := conn.Exec(ctx, pruneSQL, oldest, batch)
+		tag, err := conn.Exec(ctx, pruneSQL, batch)
 		if err != nil {
-			return deleted, fmt.Errorf("plain keys: delete records before %s: %w", format(oldest), err)
+			return deleted, fmt.Errorf("plain keys: delete records of retired months: %w", err)
 		}
 		deleted += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batch) {

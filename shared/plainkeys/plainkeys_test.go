@@ -150,6 +150,18 @@ func TestPruneDeletesOnlyRecordsOfMonthsNoPartitionHolds(t *testing.T) {
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE expired_at < '2026-10-01'"))
 	require.EqualValues(t, 44, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
 
+	// A month detached (or restored) beside the archive may be attached
+	// again: its records stay, whatever the session's time zone.
+	_, err = conn.Exec(ctx, `
+		SET TimeZone = 'America/New_York';
+		INSERT INTO idempotency_archive_plain_keys VALUES (-2, '2026-08-01 00:30:00+00'), (-3, '2026-07-31 23:00:00+00');
+		CREATE TABLE idempotency_key_archive_2026_08 (LIKE idempotency_key_archive)`)
+	require.NoError(t, err)
+	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only the record of July")
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE key_hash = -2"))
+
 	// A partition that can hold any expiry keeps every record.
 	_, err = conn.Exec(ctx, `
 		INSERT INTO idempotency_archive_plain_keys VALUES (-1, '2020-01-01');

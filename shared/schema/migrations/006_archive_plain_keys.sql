@@ -14,8 +14,8 @@
 -- because
 --   - every row enters the archive through the partitioned table (writers are
 --     granted INSERT on it and on no partition; only the owner can write a
---     partition directly), and the statement trigger below indexes every row
---     of every INSERT or COPY into it, in the same transaction;
+--     partition directly), and the statement triggers below index every row
+--     of every INSERT, COPY or UPDATE through it, in the same transaction;
 --   - rows archived before this migration lie in the pending range it records,
 --     until the partition manager has indexed them all (package plainkeys);
 --   - a partition attached with rows in it gets a pending range for its
@@ -89,6 +89,15 @@ $$;
 DROP TRIGGER IF EXISTS idempotency_key_archive_plain_keys ON idempotency_key_archive;
 CREATE TRIGGER idempotency_key_archive_plain_keys
     AFTER INSERT ON idempotency_key_archive
+    REFERENCING NEW TABLE AS archived_rows
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION idempotency_index_plain_keys();
+-- No role but the owner may update archive rows; an owner's UPDATE that
+-- moves a row to another key or expiry (by hand, in an incident) is recorded
+-- as well. (A trigger with transition tables takes a single event.)
+DROP TRIGGER IF EXISTS idempotency_key_archive_plain_keys_update ON idempotency_key_archive;
+CREATE TRIGGER idempotency_key_archive_plain_keys_update
+    AFTER UPDATE ON idempotency_key_archive
     REFERENCING NEW TABLE AS archived_rows
     FOR EACH STATEMENT
     EXECUTE FUNCTION idempotency_index_plain_keys();
