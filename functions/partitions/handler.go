@@ -19,13 +19,18 @@ type options struct {
 	DryRun          bool `json:"dry_run,omitempty"`
 	LeadMonths      *int `json:"lead_months,omitempty"`
 	RetentionMonths *int `json:"retention_months,omitempty"`
+	// CompactPerRun overrides PARTITION_COMPACT_PER_RUN; 0 compacts nothing.
+	CompactPerRun *int `json:"compact_per_run,omitempty"`
 }
 
-// Handle ensures future partitions and retires old ones, returning the DDL it
-// ran (or, with dry_run, would run).
+// Handle ensures future partitions, retires old ones and compacts closed ones,
+// returning the DDL it ran (or, with dry_run, would run). Only this function
+// compacts (PARTITION_COMPACT_PER_RUN): the migrate function runs the manager
+// without, so that a deploy never waits for a rebuild.
 func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partition.Result, error) {
 	log := h.env.RequestLogger(ctx)
 	cfg := h.env.Settings.Partitions
+	cfg.CompactPerRun = h.env.Settings.PartitionCompactPerRun
 	var opts options
 	if err := fnenv.DecodeInput(payload, &opts); err != nil {
 		return partition.Result{}, err
@@ -40,12 +45,18 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partitio
 	if opts.RetentionMonths != nil {
 		cfg.RetentionMonths = *opts.RetentionMonths
 	}
+	if opts.CompactPerRun != nil {
+		cfg.CompactPerRun = *opts.CompactPerRun
+	}
 	// Validate before connecting: a bad override is the caller's mistake and
 	// must never reach the manager.
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		var ce *partition.ConfigError
 		if errors.As(err, &ce) && ce.Field == "RetentionMonths" && opts.RetentionMonths != nil {
 			return partition.Result{}, fmt.Errorf("invalid options: retention_months: %w", err)
+		}
+		if errors.As(err, &ce) && ce.Field == "CompactPerRun" && opts.CompactPerRun != nil {
+			return partition.Result{}, fmt.Errorf("invalid options: compact_per_run: %w", err)
 		}
 		return partition.Result{}, fmt.Errorf("invalid options: %w", err)
 	}
@@ -63,10 +74,11 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partitio
 	}
 	if err != nil {
 		log.ErrorContext(ctx, "partition run failed", "error", err, "created", res.Created, "reattached", res.Reattached,
-			"retired", res.Retired, "failed", res.Failed, "refused", res.Refused)
+			"retired", res.Retired, "compacted", res.Compacted, "failed", res.Failed, "refused", res.Refused)
 		return res, err
 	}
 	log.InfoContext(ctx, "partition run finished", "dry_run", res.DryRun, "created", res.Created, "reattached", res.Reattached,
-		"retired", res.Retired, "finalized", res.Finalized, "newest_partition_days", res.NewestPartitionDays)
+		"retired", res.Retired, "finalized", res.Finalized, "compacted", res.Compacted, "compact_pending", len(res.CompactPending),
+		"dropped_indexes", res.DroppedIndexes, "newest_partition_days", res.NewestPartitionDays)
 	return res, nil
 }

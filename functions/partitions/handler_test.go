@@ -70,6 +70,8 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		`{"lead_months": 0}`:       "lead_months must be at least 2, got 0",
 		`{"retention_months": -1}`: "must not be negative",
 		`{"dry-run": true}`:        `unknown field "dry-run"`,
+		`{"compact_per_run": -1}`:  "compact_per_run: partitions compacted per run must be 0 (none) to 24, got -1",
+		`{"compact_per_run": 25}`:  "compact_per_run",
 	} {
 		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
 		require.ErrorContains(t, err, want, payload)
@@ -158,4 +160,45 @@ func TestAScheduledRunAttachesTheCurrentMonthAgain(t *testing.T) {
 	require.Empty(t, res.Retired)
 	require.Equal(t, rows, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 	require.True(t, strings.Contains(strings.Join(res.Statements, "\n"), "ATTACH PARTITION"))
+}
+
+func TestTheScheduledRunCompactsAClosedMonthAndZeroTurnsItOff(t *testing.T) {
+	t.Parallel()
+	cur := partition.MonthStart(time.Now())
+	closed := partition.Name(cur.AddDate(0, -2, 0))
+	compacted := func(t *testing.T, db *dbtest.DB) int64 {
+		return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_class WHERE relname LIKE 'idempotency_key_archive_%_pkey'
+			AND relnamespace = current_schema()::regnamespace AND obj_description(oid, 'pg_class') LIKE '%compacted%'`)
+	}
+	t.Run("default", func(t *testing.T) {
+		t.Parallel()
+		// GIVEN months with rows, from six months back
+		db, h, stdout := setup(t)
+		archived(t, db)
+		// WHEN the scheduled run comes with the defaults
+		out, err := h.Invoke(testenv.Invocation("req-compact"), testenv.Event(t, "partitions-schedule.json"))
+		require.NoError(t, err)
+		// THEN it compacts one closed month, the newest, and says what is left
+		var res partition.Result
+		require.NoError(t, json.Unmarshal(out, &res))
+		require.Equal(t, []string{closed}, res.Compacted)
+		require.Len(t, res.CompactPending, 4, "months -3 to -6")
+		require.EqualValues(t, 1, compacted(t, db))
+		lines := testenv.Lines(stdout.String(), `"`+partition.MetricUncompactedPartitions+`":4`)
+		require.Len(t, lines, 1, stdout.String())
+	})
+	t.Run("PARTITION_COMPACT_PER_RUN=0", func(t *testing.T) {
+		t.Parallel()
+		db := dbtest.New(t)
+		env, _, _ := testenv.FunctionEnv(t, db, map[string]string{"PARTITION_COMPACT_PER_RUN": "0"})
+		h := lambda.NewHandler((&handler{env: env}).Handle)
+		archived(t, db)
+		out, err := h.Invoke(testenv.Invocation("req-off"), testenv.Event(t, "partitions-schedule.json"))
+		require.NoError(t, err)
+		var res partition.Result
+		require.NoError(t, json.Unmarshal(out, &res))
+		require.Empty(t, res.Compacted)
+		require.NotContains(t, strings.Join(res.Statements, "\n"), "REINDEX")
+		require.EqualValues(t, 0, compacted(t, db))
+	})
 }

@@ -28,6 +28,11 @@
 //     CONCURRENTLY interrupted, or a detach by hand) is attached again with its
 //     rows, never dropped.
 //
+// A run with Config.CompactPerRun > 0 also rebuilds the primary key of months
+// closed for a whole month, which the sweeper's random-order inserts leave
+// about half empty, with REINDEX INDEX CONCURRENTLY (see compact.go: what it
+// touches, how it is bounded and how an interrupted rebuild is repaired).
+//
 // Partitions the manager did not make (a DEFAULT partition, bounds that are not
 // one UTC month) are reported in Result.Foreign with what to do, and the rest
 // is still managed; a step that fails is reported in Result.Failed and the run
@@ -87,6 +92,11 @@ type Config struct {
 	// ... CONCURRENTLY waits for transactions that use the partition, so give
 	// it room. Default 2 minutes; at least 1ms.
 	StatementTimeout time.Duration
+	// CompactPerRun is how many closed partitions a run rebuilds the primary
+	// key of, at most (Result.Compacted). 0, the default, compacts none and
+	// leaves every index alone; at most MaxCompactPerRun. Each rebuild gets
+	// StatementTimeout, shortened to end 30 s before the run's deadline.
+	CompactPerRun int
 	// Now returns the current time, used as is (tests move it). Default:
 	// both clocks, the host's and the database's now(): months are created
 	// from the later of the two, and retired by the earlier, so a host
@@ -125,8 +135,8 @@ func (m *Manager) clocks(ctx context.Context, conn *pgx.Conn) (create, retire ti
 // ConfigError is a Config.Validate error about one field, so that a caller can
 // name the field its own way (an environment variable, a flag, a payload key).
 type ConfigError struct {
-	// Field is the Config field: LeadMonths, RetentionMonths, LockTimeout or
-	// StatementTimeout.
+	// Field is the Config field: LeadMonths, RetentionMonths, LockTimeout,
+	// StatementTimeout or CompactPerRun.
 	Field string
 	Msg   string
 }
@@ -149,6 +159,8 @@ func (c Config) Validate() error {
 	case c.RetentionMonths > MaxRetentionMonths:
 		return bad("RetentionMonths", "partition retention of %d months is more than %d (100 years); to keep the archive forever, set 0",
 			c.RetentionMonths, MaxRetentionMonths)
+	case c.CompactPerRun < 0 || c.CompactPerRun > MaxCompactPerRun:
+		return bad("CompactPerRun", "partitions compacted per run must be 0 (none) to %d, got %d", MaxCompactPerRun, c.CompactPerRun)
 	}
 	if err := database.CheckTimeout(c.LockTimeout); err != nil {
 		return bad("LockTimeout", "partition lock timeout %s", err)
@@ -234,8 +246,17 @@ type Result struct {
 	// Finalized lists interrupted detaches that were completed, after which
 	// the partition was dropped (outside the retention, also in Retired) or
 	// attached again (also in Reattached).
-	Finalized  []string `json:"finalized"`
-	Statements []string `json:"statements"`
+	Finalized []string `json:"finalized"`
+	// Compacted lists closed partitions whose primary key was rebuilt
+	// (Config.CompactPerRun).
+	Compacted []string `json:"compacted"`
+	// CompactPending lists closed partitions still to compact after the
+	// run, and why; empty when the run does not compact.
+	CompactPending []Pending `json:"compact_pending,omitempty"`
+	// DroppedIndexes lists the invalid indexes interrupted rebuilds had left
+	// (<pk>_ccnew, <pk>_ccold), dropped before compacting.
+	DroppedIndexes []string `json:"dropped_indexes,omitempty"`
+	Statements     []string `json:"statements"`
 	// Foreign lists partitions the manager does not manage.
 	Foreign []Foreign `json:"foreign,omitempty"`
 	// Refused lists retirements the guard refused; any makes Run fail.
@@ -343,7 +364,7 @@ type planned struct {
 // and returns an error wrapping ErrIncomplete (or ErrRetirementRefused) with
 // the full Result. A cancelled context stops the run.
 func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
-	res := Result{DryRun: dryRun, Created: []string{}, Reattached: []string{}, Retired: []string{}, Finalized: []string{}, Statements: []string{}}
+	res := Result{DryRun: dryRun, Created: []string{}, Reattached: []string{}, Retired: []string{}, Finalized: []string{}, Compacted: []string{}, Statements: []string{}}
 	conn, err := m.pool.Acquire(ctx)
 	if err != nil {
 		return res, fmt.Errorf("acquire connection: %w", err)
@@ -409,6 +430,18 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		}
 		res.record(s)
 	}
+	if m.cfg.CompactPerRun > 0 {
+		retiring := map[string]bool{}
+		for _, s := range pl.steps {
+			if s.kind == "retire" {
+				retiring[s.partition] = true
+			}
+		}
+		errs = append(errs, m.compaction(ctx, conn.Conn(), tbl, parts, retiring, retireNow, dryRun, &res)...)
+		if err := ctx.Err(); err != nil {
+			return res, runError(append(errs, err))
+		}
+	}
 
 	if !dryRun {
 		if parts, err = list(ctx, conn.Conn()); err != nil {
@@ -430,11 +463,15 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		return res, fmt.Errorf("measure archive size: %w", err)
 	}
 	if !dryRun {
-		m.metrics.Emit(
-			metrics.Value{Name: metrics.ArchiveNewestPartitionDays, Unit: metrics.UnitNone, Value: res.NewestPartitionDays},
-			metrics.Value{Name: metrics.ArchiveBytes, Unit: metrics.UnitBytes, Value: float64(res.ArchiveBytes)},
+		values := []metrics.Value{
+			{Name: metrics.ArchiveNewestPartitionDays, Unit: metrics.UnitNone, Value: res.NewestPartitionDays},
+			{Name: metrics.ArchiveBytes, Unit: metrics.UnitBytes, Value: float64(res.ArchiveBytes)},
 			metrics.Count(metrics.ArchiveRows, res.ArchiveRows),
-		)
+		}
+		if m.cfg.CompactPerRun > 0 {
+			values = append(values, metrics.Count(MetricUncompactedPartitions, int64(len(res.CompactPending))))
+		}
+		m.metrics.Emit(values...)
 	}
 	if len(errs) > 0 {
 		return res, runError(errs)
@@ -788,22 +825,15 @@ func (m *Manager) execute(ctx context.Context, conn *pgx.Conn, s step) error {
 		}
 		return nil
 	}
-	// DETACH ... CONCURRENTLY cannot run inside a transaction block: set the
-	// timeouts for the session and put them back afterwards.
-	for k, v := range settings {
-		if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, false)", k, v); err != nil {
-			return fmt.Errorf("set %s: %w", k, err)
+	// DETACH ... CONCURRENTLY cannot run inside a transaction block.
+	return m.inSession(ctx, conn, settings, func() error {
+		for _, stmt := range s.statements {
+			if err := execTraced(ctx, conn, stmt); err != nil {
+				return fmt.Errorf("%s partition %s: %s: %w", s.kind, s.partition, stmt, err)
+			}
 		}
-	}
-	defer func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout; RESET statement_timeout")
-	}()
-	for _, stmt := range s.statements {
-		if err := execTraced(ctx, conn, stmt); err != nil {
-			return fmt.Errorf("%s partition %s: %s: %w", s.kind, s.partition, stmt, err)
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // execTraced runs one DDL statement inside its own trace subsegment.

@@ -321,3 +321,17 @@ func TestAPartitionDetachedButNotDroppedIsDroppedLater(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'k'"))
 }
+
+func TestCompactPerRunIsBounded(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{-1, partition.MaxCompactPerRun + 1} {
+		_, err := partition.NewManager(nil, partition.Config{CompactPerRun: n}, nil)
+		var ce *partition.ConfigError
+		require.ErrorAs(t, err, &ce, n)
+		require.Equal(t, "CompactPerRun", ce.Field)
+	}
+	for _, n := range []int{0, 1, partition.MaxCompactPerRun} {
+		_, err := partition.NewManager(nil, partition.Config{CompactPerRun: n}, nil)
+		require.NoError(t, err, n)
+	}
+}

@@ -30,11 +30,24 @@ type Settings struct {
 	Sweep            sweep.Config
 	Partitions       partition.Config
 	Archive          archive.Config
+	// PartitionCompactPerRun is how many closed partitions the partitions
+	// function compacts per run (partition.Config.CompactPerRun):
+	// PARTITION_COMPACT_PER_RUN, default DefaultPartitionCompactPerRun; 0 is
+	// honoured and turns compaction off. It is kept out of Partitions, which
+	// the migrate function also runs the manager with, so that a deploy
+	// never waits for a rebuild nor fails on one.
+	PartitionCompactPerRun int
 	// ClockSkew is how far ahead of the store's clock a key's timestamp may
 	// lie (idempotency.Config.ClockSkew): CLOCK_SKEW, default
 	// keytime.DefaultClockSkew; 0 is honoured.
 	ClockSkew time.Duration
 }
+
+// DefaultPartitionCompactPerRun is PARTITION_COMPACT_PER_RUN's default: one
+// closed month is compacted each daily run, so a month is compacted on the
+// first run after it is eligible, and an archive that predates compaction
+// catches up a month a day.
+const DefaultPartitionCompactPerRun = 1
 
 // Variable documents one environment variable.
 type Variable struct {
@@ -68,6 +81,7 @@ var Variables = []Variable{
 	{"PARTITION_RETENTION_MONTHS", "0", "whole months kept before the current one, at most 1200; 0 keeps the archive forever"},
 	{"PARTITION_LOCK_TIMEOUT", "5s", "lock_timeout of partition DDL; whole milliseconds, 1ms to 15m"},
 	{"PARTITION_STATEMENT_TIMEOUT", "2m", "statement_timeout of partition DDL; whole milliseconds, 1ms to 15m"},
+	{"PARTITION_COMPACT_PER_RUN", "1", "closed partitions (months that ended before the previous one began) whose primary key the partitions function rebuilds with REINDEX INDEX CONCURRENTLY per run, 0 to 24; 0 turns compaction off; each rebuild may take PARTITION_STATEMENT_TIMEOUT, shortened to end 30 s before the run's deadline"},
 }
 
 // FromEnv reads and validates the settings. getenv is os.Getenv outside tests.
@@ -104,7 +118,8 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 			// Zero would only mean the default: refused when set.
 			StatementTimeout: r.positiveDuration("ARCHIVE_STATEMENT_TIMEOUT"),
 		},
-		ClockSkew: r.durationOr("CLOCK_SKEW", keytime.DefaultClockSkew),
+		PartitionCompactPerRun: r.intOr("PARTITION_COMPACT_PER_RUN", DefaultPartitionCompactPerRun),
+		ClockSkew:              r.durationOr("CLOCK_SKEW", keytime.DefaultClockSkew),
 	}
 	if getenv("SKIP_MARGIN") != "" {
 		r.fail("SKIP_MARGIN", errors.New("was removed: the archive skip no longer needs a margin (it is proven from the TTLs and skews writers record); unset it"))
@@ -136,7 +151,9 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 	if err := s.Sweep.WithDefaults().Validate(); err != nil {
 		return s, fmt.Errorf("%s: %w", sweepVariable(err), err)
 	}
-	if err := s.Partitions.WithDefaults().Validate(); err != nil {
+	compacting := s.Partitions
+	compacting.CompactPerRun = s.PartitionCompactPerRun
+	if err := compacting.WithDefaults().Validate(); err != nil {
 		return s, fmt.Errorf("%s: %w", partitionVariable(err), err)
 	}
 	if err := s.Archive.WithDefaults().Validate(); err != nil {
@@ -202,6 +219,8 @@ func partitionVariable(err error) string {
 			return "PARTITION_LOCK_TIMEOUT"
 		case "StatementTimeout":
 			return "PARTITION_STATEMENT_TIMEOUT"
+		case "CompactPerRun":
+			return "PARTITION_COMPACT_PER_RUN"
 		}
 	}
 	return "PARTITION_*"
@@ -228,6 +247,15 @@ func (r *reader) int(name string) int {
 		r.fail(name, errors.New("not a whole number: "+strconv.Quote(v)))
 	}
 	return n
+}
+
+// intOr is int for a variable whose zero is meaningful: the default applies
+// only when the variable is unset, so "0" stays 0.
+func (r *reader) intOr(name string, def int) int {
+	if r.getenv(name) == "" {
+		return def
+	}
+	return r.int(name)
 }
 
 func (r *reader) bool(name string) bool {

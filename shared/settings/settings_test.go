@@ -220,3 +220,35 @@ func TestZeroIsNeverTheDefault(t *testing.T) {
 		t.Errorf("unset CLOCK_SKEW is %s, want 5m", s.ClockSkew)
 	}
 }
+
+func TestPartitionCompactPerRunHonoursZero(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  int
+		err   string
+	}{
+		{"", DefaultPartitionCompactPerRun, ""},
+		{"0", 0, ""}, // off, not the default
+		{"3", 3, ""},
+		{"-1", 0, "PARTITION_COMPACT_PER_RUN"},
+		{"25", 0, "PARTITION_COMPACT_PER_RUN"},
+		{"some", 0, "PARTITION_COMPACT_PER_RUN"},
+	} {
+		s, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "PARTITION_COMPACT_PER_RUN": tc.value}))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("PARTITION_COMPACT_PER_RUN=%q: error %v, want one naming %s", tc.value, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("PARTITION_COMPACT_PER_RUN=%q: %v", tc.value, err)
+		}
+		if s.PartitionCompactPerRun != tc.want {
+			t.Errorf("PARTITION_COMPACT_PER_RUN=%q is %d, want %d", tc.value, s.PartitionCompactPerRun, tc.want)
+		}
+		if s.Partitions.CompactPerRun != 0 {
+			t.Errorf("PARTITION_COMPACT_PER_RUN=%q reached Partitions, which the migrate function runs the manager with", tc.value)
+		}
+	}
+}
