@@ -101,6 +101,9 @@ func (r *report) tables() string {
 		}
 		w("\n")
 	}
+	if c := r.Compact; c != nil {
+		c.tables(w)
+	}
 	return b.String()
 }
 
@@ -154,7 +157,7 @@ func (r *report) document(tables string) string {
 	w("WAL bytes are `pg_wal_lsn_diff` of `pg_current_wal_lsn()` around each contender; with full_page_writes off they exclude full-page images, which add to every figure after each checkpoint on a durable server. Autovacuum is off on the bench's tables so that no vacuum lands inside one contender's timing.\n")
 	w("2. **Lookup.** Each monthly partition holds the configured rows (expired in that month, created a day earlier, keys of the three shapes); the larger set adds older months to the same archive. ")
 	w("Each case alternates `archive.NewReader(pool, archive.Config{}, nil).Lookup` with the naive `SELECT ... FROM idempotency_key_archive WHERE scoped_key = $1`, after 50 warm-up lookups. ")
-	w("Relation locks: on a connection that has run the statement 8 times, inside a transaction, each of the Reader's statements (`Reader.LookupStatements`: for a key without a timestamp the read of idempotency_archive_plain_keys, then, when it found the key, the archive between the bounds it gave) or the naive one, then `count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'` (pg_locks itself not counted), summed over the statements; relations read: tables and partitions in their EXPLAIN plans, summed; both the mean over 10 keys of the case. ")
+	w("Relation locks: on a connection that has run the statement 8 times, inside a transaction, each of the Reader's statements (`Reader.LookupStatements`: for a key without a timestamp the read of idempotency_archive_plain_keys, then, when it found the key, the archive between the bounds it gave; for a key with a timestamp the archive, then the proof of its bounds on idempotency_writers, whose table and primary key are two of the locks counted) or the naive one, then `count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'` (pg_locks itself not counted), summed over the statements; relations read: tables and partitions in their EXPLAIN plans, summed; both the mean over 10 keys of the case. ")
 	w("The naive statement settles on a generic plan after five runs, whose executor locks only the relations it scans; the Reader's statement stays on custom plans, whose planner also locks every index of each partition it reads.\n")
 	w("3. **Storage.** `pg_relation_size` (heap), `pg_indexes_size` (primary key and the created_at BRIN index) and `pg_total_relation_size` summed over the partitions after each sweep. The floor is each row's own size (`pg_column_size` of the row, 8-byte aligned, plus its line pointer) plus a primary-key entry of its key, with no free space and no page headers.\n")
 	w("4. **Fresh keys.** Requests through `idempotency.New` with `livestore.NewPostgres`, `SingleTenant: true`, `ClockSkew: keytime.DefaultClockSkew`, and the `*archive.Reader` wrapped in a counter, in a schema whose only writer is that middleware.\n")
@@ -163,6 +166,7 @@ func (r *report) document(tables string) string {
 	w("The live table holds the same expired backlog (completed keys of the three shapes, expired over the last day) at the start of every run, reloaded, vacuumed, analyzed and checkpointed as for the sweep. ")
 	w("With the sweeper, `sweep.New(pool, sweep.Config{BatchSize: 10000, Pause: 0}, partitions, nil).Run` runs in a loop from before the writers start (the timing begins after its first batch) until they finish, and is then canceled; had the backlog drained, it would have been loaded again (the reloads column). ")
 	w("The sweeper's rows/s are the rows it moved while the writers ran over that time. The two cases run in rounds of alternating order (without, with; with, without) and each case's operations are pooled.\n\n")
+	w("%s\n", compactMethod)
 	w("Not measured here yet (issue 10): the fault tests.\n")
 	return b.String()
 }
@@ -234,6 +238,9 @@ func (r *report) targets(w func(string, ...any)) {
 	}
 	if f := r.Fresh; f != nil && len(f.Results) > 0 {
 		w("- Archive lookups per 1,000 fresh UUIDv7 requests, target 0: %.0f (%s).\n", f.Results[0].LookupsPer1000, met(f.Results[0].LookupsPer1000 == 0))
+	}
+	if c := r.Compact; c != nil {
+		c.targets(w)
 	}
 	w("\n")
 }

@@ -409,8 +409,10 @@ type Statement struct {
 }
 
 // LookupStatements returns the statements Lookup runs for scopedKey, in
-// order, for measurements of a lookup (its plans, the locks it takes). It
-// runs every statement but the last, whose arguments they decide.
+// order, for measurements of a lookup (its plans, the locks it takes): the
+// read of idempotency_archive_plain_keys for a key without a timestamp (which
+// it runs, to learn the next statement's bounds), the archive's, and the
+// proof of a timestamped key's bounds.
 func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Statement, error) {
 	if err := validateKey(scopedKey); err != nil {
 		return nil, err
@@ -419,12 +421,15 @@ func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Stat
 	if _, ok := keytime.FromKey(scopedKey); !ok {
 		out = append(out, Statement{SQL: plainKeySQL, Args: []any{scopedKey}})
 	}
-	earliest, latest, _, err := r.expiryRange(ctx, scopedKey)
+	earliest, latest, reach, err := r.expiryRange(ctx, scopedKey)
 	if err != nil {
 		return nil, err
 	}
 	if earliest.Valid {
 		out = append(out, Statement{SQL: lookupSQL, Args: []any{scopedKey, earliest, latest}})
+	}
+	if reach >= 0 {
+		out = append(out, Statement{SQL: proofSQL, Args: []any{latest, reach.Milliseconds()}})
 	}
 	return out, nil
 }
