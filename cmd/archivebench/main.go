@@ -111,7 +111,7 @@ func sizesFromEnv(getenv func(string) string) (sizes, error) {
 	return s, nil
 }
 
-var sections = []string{"sweep", "traffic", "lookup", "fresh", "functions"}
+var sections = []string{"sweep", "traffic", "lookup", "fresh", "functions", "compact"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("archivebench", flag.ContinueOnError)
@@ -199,6 +199,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("functions: %w", err)
 		}
 		rep.Functions = &sec
+	}
+	if want["compact"] {
+		sec, err := benchCompact(ctx, base, sz.LiveRows, p)
+		if err != nil {
+			return fmt.Errorf("compaction: %w", err)
+		}
+		rep.Compact = &sec
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	p.Step("done in %.0fs", rep.Seconds)

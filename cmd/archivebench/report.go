@@ -29,6 +29,7 @@ type report struct {
 	Lookup     *lookupSection    `json:"lookup,omitempty"`
 	Fresh      *freshSection     `json:"fresh_keys,omitempty"`
 	Functions  *functionsSection `json:"functions,omitempty"`
+	Compact    *compactSection   `json:"compaction,omitempty"`
 }
 
 type machine struct {
