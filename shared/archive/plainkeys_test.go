@@ -15,6 +15,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/keytime"
+	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
@@ -195,4 +196,35 @@ func TestAnUpdatedArchiveRowIsRecorded(t *testing.T) {
 	rec, err := newReader(t, b.reader, nil).Lookup(ctx, "idem:v1:renamed", nil)
 	require.NoError(t, err)
 	require.Equal(t, time.Date(2026, 8, 3, 0, 0, 0, 0, time.UTC), rec.ExpiredAt)
+}
+
+// A month attached again with rows in it (detached by hand, restored from a
+// dump) gets a pending range in the attaching transaction, and the partition
+// run records its keys: they are found before and after.
+func TestAReattachedMonthsKeysAreFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.db.Pool.Exec(ctx, `
+		CREATE TABLE idempotency_key_archive_2025_12 (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		INSERT INTO idempotency_key_archive_2025_12 (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:restored', '\x00', 201, '2025-12-01 10:00:00+00', '2025-12-02 10:00:00+00')`)
+	require.NoError(t, err)
+	m, err := partition.NewManager(b.db.Pool, partition.Config{Now: func() time.Time { return now }}, nil)
+	require.NoError(t, err)
+
+	res, err := m.Run(ctx, true)
+	require.NoError(t, err)
+	require.Contains(t, strings.Join(res.Statements, "\n"), "idempotency_archive_plain_keys_pending")
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"idempotency_key_archive_2025_12"}, res.Reattached)
+	require.NotNil(t, res.PlainKeys)
+	require.EqualValues(t, 1, res.PlainKeys.Recorded)
+	require.Equal(t, 1, res.PlainKeys.RangesDone)
+	require.Zero(t, res.PlainKeys.RangesLeft)
+	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+	rec, err := newReader(t, b.reader, nil).Lookup(ctx, "idem:v1:restored", nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
 }

@@ -58,6 +58,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/plainkeys"
 	"github.com/idemarchive/idemarchive/shared/tracing"
 )
 
@@ -256,7 +257,10 @@ type Result struct {
 	// DroppedIndexes lists the invalid indexes interrupted rebuilds had left
 	// (<pk>_ccnew, <pk>_ccold), dropped before compacting.
 	DroppedIndexes []string `json:"dropped_indexes,omitempty"`
-	Statements     []string `json:"statements"`
+	// PlainKeys is what the run did to keep idempotency_archive_plain_keys
+	// complete and small (package plainkeys); nil in a dry run.
+	PlainKeys  *PlainKeys `json:"plain_keys,omitempty"`
+	Statements []string   `json:"statements"`
 	// Foreign lists partitions the manager does not manage.
 	Foreign []Foreign `json:"foreign,omitempty"`
 	// Refused lists retirements the guard refused; any makes Run fail.
@@ -429,6 +433,17 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 			}
 		}
 		res.record(s)
+	}
+	if !dryRun {
+		pk, err := maintainPlainKeys(ctx, conn.Conn(), m.cfg.StatementTimeout)
+		res.PlainKeys = &pk
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, err
+			}
+			res.Failed = append(res.Failed, Failure{Action: "plain keys", Error: err.Error()})
+			errs = append(errs, fmt.Errorf("%w: %w", ErrIncomplete, err))
+		}
 	}
 	if m.cfg.CompactPerRun > 0 {
 		retiring := map[string]bool{}
@@ -770,13 +785,49 @@ func reattachStep(tbl table, p Partition) step {
 	return s
 }
 
-// attachStatements attaches the table named p.Name with p's bounds.
+// PlainKeys is what a run did to idempotency_archive_plain_keys.
+type PlainKeys struct {
+	// Scanned and Recorded count the archive rows of pending ranges read
+	// and the entries added for them; RangesDone the ranges finished,
+	// RangesLeft those still pending (lookups of keys without a timestamp
+	// read every partition they reach until they are done).
+	Scanned    int64 `json:"scanned"`
+	Recorded   int64 `json:"recorded"`
+	RangesDone int   `json:"ranges_done"`
+	RangesLeft int   `json:"ranges_left"`
+	// Pruned counts entries of months no table of the archive holds.
+	Pruned int64 `json:"pruned"`
+}
+
+// maintainPlainKeys records the rows of pending ranges and prunes entries of
+// retired months, for at most budget (and never closer than compactMargin
+// to ctx's deadline); what it cannot finish, the next run does.
+func maintainPlainKeys(ctx context.Context, conn *pgx.Conn, budget time.Duration) (PlainKeys, error) {
+	var pk PlainKeys
+	deadline := time.Now().Add(budget)
+	if dl, ok := ctx.Deadline(); ok && dl.Add(-compactMargin).Before(deadline) {
+		deadline = dl.Add(-compactMargin)
+	}
+	p, err := plainkeys.Index(ctx, conn, plainkeys.DefaultBatch, deadline)
+	pk.Scanned, pk.Recorded, pk.RangesDone, pk.RangesLeft = p.Scanned, p.Recorded, p.RangesDone, p.RangesLeft
+	if err != nil {
+		return pk, err
+	}
+	pk.Pruned, err = plainkeys.Prune(ctx, conn, plainkeys.DefaultBatch, deadline)
+	return pk, err
+}
+
+// attachStatements attaches the table named p.Name with p's bounds. A table
+// attached with rows in it gets a pending range of
+// idempotency_archive_plain_keys for its bounds, in the same transaction:
+// the archive's trigger never saw its rows (see migration 006).
 func attachStatements(tbl table, p Partition) []string {
 	part := tbl.sibling(p.Name)
 	owner := fmt.Sprintf("ALTER TABLE %s OWNER TO %s", part, pgx.Identifier{tbl.owner}.Sanitize())
 	if !p.readable() {
 		// PostgreSQL's own text of the bound, as it printed it.
-		return []string{fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s %s", tbl.qualified(), part, p.Bound), owner}
+		return []string{fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s %s", tbl.qualified(), part, p.Bound),
+			pendingStatement(tbl, part, "MINVALUE", "MAXVALUE"), owner}
 	}
 	var conds []string
 	lo, hi := "MINVALUE", "MAXVALUE"
@@ -795,10 +846,26 @@ func attachStatements(tbl table, p Partition) []string {
 		fmt.Sprintf("ALTER TABLE %s ADD CONSTRAINT %s CHECK (%s)", part, check, strings.Join(append([]string{"expired_at IS NOT NULL"}, conds...), " AND ")),
 		fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)", tbl.qualified(), part, lo, hi),
 		fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT %s", part, check),
+		pendingStatement(tbl, part, lo, hi),
 		// Keep every partition with the archive's owner, so that whoever may
 		// manage the archive may later detach and drop it.
 		owner,
 	}
+}
+
+// pendingStatement marks [lo, hi) pending in idempotency_archive_plain_keys
+// when the table part has rows (from the start again, if the range was
+// pending already).
+func pendingStatement(tbl table, part, lo, hi string) string {
+	bound := func(b, inf string) string {
+		if b == "MINVALUE" || b == "MAXVALUE" {
+			return "'" + inf + "'"
+		}
+		return b
+	}
+	return fmt.Sprintf(`INSERT INTO %s (expired_from, expired_to) SELECT %s, %s WHERE EXISTS (SELECT 1 FROM %s) `+
+		`ON CONFLICT (expired_from, expired_to) DO UPDATE SET after_key = '', after_expired_at = '-infinity'`,
+		tbl.sibling("idempotency_archive_plain_keys_pending"), bound(lo, "-infinity"), bound(hi, "infinity"), part)
 }
 
 func (m *Manager) execute(ctx context.Context, conn *pgx.Conn, s step) error {
