@@ -107,14 +107,29 @@ func combineRuns(name string, sweeping bool, runs []trafficRun) trafficResult {
 	return res
 }
 
-// roundOrder is the order of the cases in round i: without the sweeper
-// first in even rounds, beside it first in odd ones (ABBA), so that a drift
-// of the machine over the run weighs on both alike.
-func roundOrder(i int) []bool {
+// trafficCase is the writers alone, or beside the sweeper with a pause.
+type trafficCase struct {
+	name     string
+	sweeping bool
+	pause    time.Duration
+}
+
+// trafficCases: the baseline, the sweeper as deployed (SWEEP_PAUSE's
+// default) and the sweeper flat out.
+var trafficCases = []trafficCase{
+	{name: caseTrafficAlone},
+	{name: caseTrafficDeployed, sweeping: true, pause: sweep.DefaultPause},
+	{name: caseTrafficFlatOut, sweeping: true},
+}
+
+// roundOrder is the order of the cases (indexes into trafficCases) in round
+// i: in order in even rounds, reversed in odd ones (ABBA), so that a drift
+// of the machine over the run weighs on all alike.
+func roundOrder(i int) []int {
 	if i%2 == 0 {
-		return []bool{false, true}
+		return []int{0, 1, 2}
 	}
-	return []bool{true, false}
+	return []int{2, 1, 0}
 }
 
 type trafficSection struct {
@@ -136,7 +151,8 @@ const (
 	trafficTTL     = 24 * time.Hour
 
 	caseTrafficAlone    = "no sweeper (baseline)"
-	caseTrafficSweeping = "sweeper running (shared/sweep, batch 10,000, no pause)"
+	caseTrafficDeployed = "sweeper running as deployed (shared/sweep, batch 10,000, SWEEP_PAUSE 200ms)"
+	caseTrafficFlatOut  = "sweeper running flat out (shared/sweep, batch 10,000, no pause)"
 )
 
 // benchTraffic times register-and-complete of fresh ULID keys through the
@@ -157,31 +173,28 @@ func benchTraffic(ctx context.Context, base string, ops, backlog int, p *progres
 	}
 	sec.LoadSeconds = time.Since(start).Seconds()
 
-	runs := map[bool][]trafficRun{}
+	runs := make([][]trafficRun, len(trafficCases))
 	perRound := max(ops/trafficRounds, 1)
 	for round := 0; round < trafficRounds; round++ {
-		for _, sweeping := range roundOrder(round) {
-			name := caseTrafficAlone
-			if sweeping {
-				name = caseTrafficSweeping
-			}
+		for _, i := range roundOrder(round) {
+			c := trafficCases[i]
+			name := c.name
 			p.Step("traffic: round %d/%d: reload %d expired live rows for %s", round+1, trafficRounds, backlog, name)
 			if err := reloadTrafficLive(ctx, db); err != nil {
 				return sec, err
 			}
 			p.Step("traffic: round %d/%d: %d register-and-complete, %d writers, %s", round+1, trafficRounds, perRound, trafficWriters, name)
-			run, err := runTraffic(ctx, db, parts, perRound, sweeping, p)
+			run, err := runTraffic(ctx, db, parts, perRound, c, p)
 			if err != nil {
 				return sec, fmt.Errorf("%s: %w", name, err)
 			}
-			runs[sweeping] = append(runs[sweeping], run)
+			runs[i] = append(runs[i], run)
 		}
 	}
 	sec.Ops = perRound * trafficRounds
 	sec.Rounds = trafficRounds
-	sec.Results = []trafficResult{
-		combineRuns(caseTrafficAlone, false, runs[false]),
-		combineRuns(caseTrafficSweeping, true, runs[true]),
+	for i, c := range trafficCases {
+		sec.Results = append(sec.Results, combineRuns(c.name, c.sweeping, runs[i]))
 	}
 
 	// The sweeper alone over the same backlog: its rate beside the traffic
@@ -279,14 +292,14 @@ type sweeperLoop struct {
 	started   chan struct{}   // closed at the first batch
 }
 
-func (l *sweeperLoop) run(ctx context.Context, db *benchDB, parts *partition.Manager, p *progress) error {
+func (l *sweeperLoop) run(ctx context.Context, db *benchDB, parts *partition.Manager, pause time.Duration, p *progress) error {
 	var base int64
 	var once sync.Once
 	for {
 		var last time.Duration
 		s, err := sweep.New(db.Pool, sweep.Config{
 			BatchSize: sweepBatch,
-			Pause:     0,
+			Pause:     pause,
 			OnBatch: func(pr sweep.Progress) {
 				now := time.Now()
 				l.mu.Lock()
@@ -340,7 +353,7 @@ func batchesWithin(times []time.Duration, ends []time.Time, from, to time.Time) 
 
 // runTraffic runs ops register-and-complete operations split over the
 // writers, beside the sweeper when sweeping, and times each.
-func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops int, sweeping bool, p *progress) (trafficRun, error) {
+func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops int, c trafficCase, p *progress) (trafficRun, error) {
 	var res trafficRun
 	store := livestore.NewPostgres(db.Pool)
 
@@ -348,16 +361,16 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	defer stopSweep()
 	sweepDone := make(chan error, 1)
-	if sweeping {
+	if c.sweeping {
 		loop = &sweeperLoop{started: make(chan struct{})}
-		go func() { sweepDone <- loop.run(sweepCtx, db, parts, p) }()
+		go func() { sweepDone <- loop.run(sweepCtx, db, parts, c.pause, p) }()
 	}
 
 	// Warm up the writers' connections and the store's lease, untimed.
 	if err := runWriters(ctx, store, trafficWarmup, 1000, nil); err != nil {
 		return res, fmt.Errorf("warm-up: %w", err)
 	}
-	if sweeping {
+	if c.sweeping {
 		// Time the writers only once the sweeper is moving rows.
 		select {
 		case <-loop.started:
@@ -473,10 +486,10 @@ func registerAndComplete(ctx context.Context, store *livestore.Postgres, g *keyG
 	return time.Since(t0), nil
 }
 
-// result returns the case with or without the sweeper.
-func (t *trafficSection) result(sweeping bool) (trafficResult, bool) {
+// result returns the case of that name.
+func (t *trafficSection) result(name string) (trafficResult, bool) {
 	for _, c := range t.Results {
-		if c.Sweeping == sweeping {
+		if c.Case == name {
 			return c, true
 		}
 	}
