@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/fnenv"
+	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
@@ -184,7 +185,7 @@ func TestTheScheduledRunCompactsAClosedMonthAndZeroTurnsItOff(t *testing.T) {
 		require.Equal(t, []string{closed}, res.Compacted)
 		require.Len(t, res.CompactPending, 4, "months -3 to -6")
 		require.EqualValues(t, 1, compacted(t, db))
-		lines := testenv.Lines(stdout.String(), `"`+partition.MetricUncompactedPartitions+`":4`)
+		lines := testenv.Lines(stdout.String(), `"`+metrics.ArchiveUncompactedPartitions+`":4`)
 		require.Len(t, lines, 1, stdout.String())
 	})
 	t.Run("PARTITION_COMPACT_PER_RUN=0", func(t *testing.T) {

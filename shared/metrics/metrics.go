@@ -35,6 +35,10 @@ const (
 // alarmed on with metric math (the runbook models about 110 bytes per row).
 const ArchiveRows = "idempotency_archive_rows"
 
+// ArchiveUncompactedPartitions counts closed partitions the partition
+// manager has not compacted yet, emitted by runs that compact.
+const ArchiveUncompactedPartitions = "idempotency_archive_uncompacted_partitions"
+
 // DefaultNamespace is the CloudWatch namespace used when none is configured.
 const DefaultNamespace = "IdempotencyArchive"
 

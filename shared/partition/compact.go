@@ -78,11 +78,6 @@ const compactMargin = 30 * time.Second
 // deadline shortened its statement timeout.
 const minCompactBudget = 5 * time.Second
 
-// MetricUncompactedPartitions counts closed partitions not compacted yet
-// after a run that compacts (Result.CompactPending): above 0 for more than a
-// few days means a rebuild that never fits the run (see the README).
-const MetricUncompactedPartitions = "idempotency_archive_uncompacted_partitions"
-
 // Pending is a closed partition a run left uncompacted, and why.
 type Pending struct {
 	Partition string `json:"partition"`

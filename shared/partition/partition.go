@@ -484,7 +484,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 			metrics.Count(metrics.ArchiveRows, res.ArchiveRows),
 		}
 		if m.cfg.CompactPerRun > 0 {
-			values = append(values, metrics.Count(MetricUncompactedPartitions, int64(len(res.CompactPending))))
+			values = append(values, metrics.Count(metrics.ArchiveUncompactedPartitions, int64(len(res.CompactPending))))
 		}
 		m.metrics.Emit(values...)
 	}
