@@ -279,6 +279,21 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 			EvaluationPeriods:  jsii.Number(1),
 		})
 
+	// Closed months still uncompacted for a week: a rebuild that never fits
+	// the partitions run. A notification, not a page: lookups are as fast,
+	// only storage is larger. After an upgrade of an archive with many months
+	// it drains by PARTITION_COMPACT_PER_RUN a day.
+	alarm("uncompacted-partitions", metric(metrics.ArchiveUncompactedPartitions, "Minimum", day), m.Notify,
+		&awscloudwatch.CreateAlarmOptions{
+			AlarmDescription: jsii.String("Closed months have waited a week for compaction of their primary key (see compact_pending in the partitions run's log). " +
+				"What to do: if an upgrade left many months, raise the partitions function's PARTITION_COMPACT_PER_RUN or wait; if one month's rebuild times out, rebuild it by hand (README, Partition manager)."),
+			Threshold:          jsii.Number(0),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(7),
+			DatapointsToAlarm:  jsii.Number(7),
+			TreatMissingData:   awscloudwatch.TreatMissingData_IGNORE,
+		})
+
 	timeoutMs := float64(p.sweepTimeout().Milliseconds())
 	alarm("sweep-duration", fns.Sweep.MetricDuration(&awscloudwatch.MetricOptions{Period: minutes(15), Statistic: jsii.String("Maximum")}), m.Notify,
 		&awscloudwatch.CreateAlarmOptions{

@@ -127,6 +127,19 @@ func TestChecklistThresholds(t *testing.T) {
 			"AlarmName": name, "Threshold": 5, "AlarmActions": []any{page.AsObject()},
 		})
 	}
+	// AND closed months left uncompacted for a week notify
+	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		"AlarmName":          "Test-uncompacted-partitions",
+		"MetricName":         metrics.ArchiveUncompactedPartitions,
+		"Namespace":          metrics.DefaultNamespace,
+		"Statistic":          "Minimum",
+		"Period":             86400,
+		"Threshold":          0,
+		"ComparisonOperator": "GreaterThanThreshold",
+		"EvaluationPeriods":  7,
+		"DatapointsToAlarm":  7,
+		"TreatMissingData":   "ignore",
+	})
 	// AND any expired replay notifies
 	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 		"MetricName":         metrics.ExpiredReplayTotal,
@@ -240,6 +253,9 @@ func TestAlarmTopics(t *testing.T) {
 	})
 	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 		"MetricName": metrics.ExpiredReplayTotal, "AlarmActions": []any{notifyArn},
+	})
+	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		"MetricName": metrics.ArchiveUncompactedPartitions, "AlarmActions": []any{notifyArn},
 	})
 }
 
