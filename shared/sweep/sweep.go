@@ -5,7 +5,13 @@
 // lock_timeout and statement_timeout, so a lock is never held for long and a
 // timeout or crash never leaves a half-moved batch. Rows are claimed with FOR
 // UPDATE SKIP LOCKED: any number of sweepers can run at once without blocking
-// each other or moving a row twice. Between batches the sweeper pauses (with
+// each other or moving a row twice. The batch deletes the rows it claimed by
+// ctid and archives exactly what the DELETE returned. That is safe because a
+// row version locked by the batch's own transaction keeps its ctid until the
+// transaction ends; a row updated after the batch's snapshot was taken is
+// missed by the ctid and stays live, unarchived, for the next batch (see
+// batch.sql). So a batch may move fewer rows than it claimed, never a row
+// without its archive row. Between batches the sweeper pauses (with
 // jitter) to yield to request traffic, and it stops when a batch comes back
 // short (drained), when MaxDuration has passed, or when the context deadline
 // is closer than DeadlineMargin, reporting how far it got.
