@@ -236,16 +236,22 @@ func Open(ctx context.Context, c Config, awsCfg *aws.Config) (*pgxpool.Pool, err
 	return pool, nil
 }
 
-// Beginner is what InTx needs: a pool, a connection or a transaction.
+// Beginner is what InTx needs: a pool or a connection.
 type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
 // InTx runs fn in a transaction: commit when fn returns nil, roll back otherwise.
 // settings are applied with SET LOCAL semantics (set_config(..., true)) before
 // fn runs, in one round trip, so they end with the transaction.
+//
+// The transaction is READ COMMITTED whatever default_transaction_isolation
+// the role, the database or a parameter group sets: the sweep batch relies
+// on a row lock that follows a row to a version its snapshot cannot see
+// (where REPEATABLE READ would fail the batch with a serialization error
+// under steady completion traffic), and nothing here needs more.
 func InTx(ctx context.Context, db Beginner, settings map[string]string, fn func(pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if len(settings) > 0 {
 			names := make([]string, 0, len(settings))
 			values := make([]string, 0, len(settings))

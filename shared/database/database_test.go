@@ -292,3 +292,19 @@ func TestLazyOpensOnceAndRetriesAfterFailure(t *testing.T) {
 	lazy.Close()
 	require.Error(t, p1.Ping(context.Background()), "closed")
 }
+
+// InTx runs READ COMMITTED whatever the session's default: the sweep batch's
+// safety rests on it.
+func TestInTxIsReadCommittedWhateverTheDefault(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	for _, iso := range []string{"repeatable read", "serializable"} {
+		pool := db.NewPool(t, dbtest.WithParam("default_transaction_isolation", iso))
+		var got string
+		err := database.InTx(context.Background(), pool, nil, func(tx pgx.Tx) error {
+			return tx.QueryRow(context.Background(), "SHOW transaction_isolation").Scan(&got)
+		})
+		require.NoError(t, err)
+		require.Equal(t, "read committed", got, iso)
+	}
+}

@@ -60,10 +60,24 @@ var batchSQL string
 // so that a huge backlog costs a bounded scan.
 const backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE expires_at < now() LIMIT $1) s`
 
-// batchMonthsSQL lists the UTC months of the rows the next batch would take.
-const batchMonthsSQL = `
-SELECT DISTINCT date_trunc('month', expires_at AT TIME ZONE 'UTC')
-  FROM (SELECT expires_at FROM idempotency_keys WHERE expires_at < now() ORDER BY expires_at LIMIT $1) s`
+// backlogMonthsSQL lists every UTC month the expired backlog falls in, with
+// one probe of the expiry index per month. Not only the months of the oldest
+// rows: a batch skips rows other sweepers or completions hold locked, so the
+// rows it failed on can lie in any month of the backlog.
+const backlogMonthsSQL = `
+WITH RECURSIVE months (m) AS (
+    SELECT date_trunc('month', min(expires_at) AT TIME ZONE 'UTC')
+      FROM idempotency_keys
+     WHERE expires_at < now()
+    UNION ALL
+    SELECT (SELECT date_trunc('month', min(k.expires_at) AT TIME ZONE 'UTC')
+              FROM idempotency_keys k
+             WHERE k.expires_at >= (months.m + interval '1 month') AT TIME ZONE 'UTC'
+               AND k.expires_at < now())
+      FROM months
+     WHERE months.m IS NOT NULL
+)
+SELECT m FROM months WHERE m IS NOT NULL`
 
 // DefaultPause is the pause between batches when none is configured.
 const DefaultPause = 200 * time.Millisecond
@@ -482,10 +496,10 @@ func isNoPartition(err error) bool {
 	return database.SQLState(err) == database.CodeCheckViolation && strings.Contains(err.Error(), "no partition of relation")
 }
 
-// uncoveredMonths returns the UTC months of the next batch's rows that no
+// uncoveredMonths returns the UTC months of the expired backlog that no
 // archive partition covers.
 func (s *Sweeper) uncoveredMonths(ctx context.Context) ([]time.Time, error) {
-	rows, err := s.pool.Query(ctx, batchMonthsSQL, s.cfg.BatchSize)
+	rows, err := s.pool.Query(ctx, backlogMonthsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("list months of expired rows: %w", err)
 	}

@@ -642,3 +642,44 @@ func TestSweepersAndPartitionRunsRaceForMissingMonths(t *testing.T) {
 	require.EqualValues(t, 4*perMonth, dbtest.Count(t, db.Pool, "SELECT count(DISTINCT scoped_key) FROM idempotency_key_archive"))
 	require.EqualValues(t, 4*perMonth, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 }
+
+// A batch skips rows other sweepers or in-flight completions hold: the
+// months it needs are not those of the oldest rows. The sweeper creates the
+// month its rows need, or names it, whatever rows it skipped.
+func TestMissingPartitionBehindLockedRows(t *testing.T) {
+	t.Parallel()
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fail=%v", fail), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			start := partition.MonthStart(time.Now())
+			_, err := b.parts.EnsureMonth(ctx, start.AddDate(0, -6, 0))
+			require.NoError(t, err)
+			covered := start.AddDate(0, -6, 0).Add(36 * time.Hour)
+			uncovered := start.AddDate(0, -4, 0).Add(36 * time.Hour)
+			dbtest.InsertLive(t, b.db.Pool,
+				dbtest.LiveRow{Key: "idem:v1:a1", Status: 201, ExpiresAt: covered},
+				dbtest.LiveRow{Key: "idem:v1:a2", Status: 201, ExpiresAt: covered.Add(time.Second)},
+				dbtest.LiveRow{Key: "idem:v1:b", Status: 201, ExpiresAt: uncovered},
+			)
+			tx, err := b.db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, "SELECT 1 FROM idempotency_keys WHERE scoped_key IN ('idem:v1:a1', 'idem:v1:a2') FOR UPDATE")
+			require.NoError(t, err)
+
+			res, err := newSweeper(t, b.db.Pool, sweep.Config{BatchSize: 2, FailOnMissingPartition: fail}, b.parts, nil).Run(ctx)
+			if fail {
+				var missing *sweep.MissingPartitionError
+				require.ErrorAs(t, err, &missing)
+				require.ErrorContains(t, err, "archive has no partition for "+uncovered.Format("2006-01"))
+				require.EqualValues(t, 3, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"), "no row may be lost")
+				return
+			}
+			require.NoError(t, err)
+			require.EqualValues(t, 1, res.Moved)
+			require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:b'"))
+		})
+	}
+}
