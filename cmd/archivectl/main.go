@@ -43,8 +43,9 @@ const usage = `usage: archivectl <command> [flags]
 
 commands:
   migrate                     apply schema migrations and role grants
-  partitions [--lead-months N] [--retention-months N] [--dry-run]
-                              ensure future partitions, retire old ones
+  partitions [--lead-months N] [--retention-months N] [--compact-per-run N] [--dry-run]
+                              ensure future partitions, retire old ones,
+                              compact closed months when asked
   sweep [--batch N] [--pause D] [--max-duration D]
                               move expired live keys into the archive
   lookup KEY [--fingerprint HEX]
@@ -202,6 +203,7 @@ func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []strin
 	fs := newFlagSet("partitions", e)
 	fs.IntVar(&cfg.LeadMonths, "lead-months", cfg.LeadMonths, "months ahead that must have partitions (default 3, at least 2)")
 	fs.IntVar(&cfg.RetentionMonths, "retention-months", cfg.RetentionMonths, "whole months kept before the current one (0 keeps everything)")
+	fs.IntVar(&cfg.CompactPerRun, "compact-per-run", 0, "closed months whose primary key to rebuild (compact), each for up to PARTITION_STATEMENT_TIMEOUT; 0, the default here, compacts none")
 	dryRun := fs.Bool("dry-run", false, "print the DDL that would run, run nothing")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
@@ -215,6 +217,9 @@ func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []strin
 		var ce *partition.ConfigError
 		if errors.As(err, &ce) && ce.Field == "RetentionMonths" {
 			return fmt.Errorf("--retention-months: %w", err)
+		}
+		if errors.As(err, &ce) && ce.Field == "CompactPerRun" {
+			return fmt.Errorf("--compact-per-run: %w", err)
 		}
 		return err
 	}

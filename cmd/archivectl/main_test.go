@@ -331,6 +331,8 @@ func TestHostileRetentionLosesNoRow(t *testing.T) {
 		{nil, []string{"partitions", "--retention-months", fmt.Sprint(math.MaxInt)}, "to keep the archive forever, set 0"},
 		{nil, []string{"partitions", "--dry-run", "--retention-months", "1201"}, "more than 1200"},
 		{nil, []string{"partitions", "--retention-months", "-3"}, "must not be negative"},
+		{nil, []string{"partitions", "--compact-per-run", "25"}, "--compact-per-run: partitions compacted per run must be 0 (none) to 24, got 25"},
+		{nil, []string{"partitions", "--compact-per-run", "-1"}, "--compact-per-run: partitions compacted per run must be 0 (none) to 24, got -1"},
 		{map[string]string{"PARTITION_RETENTION_MONTHS": "1000000000000000"}, []string{"partitions"}, "PARTITION_RETENTION_MONTHS: partition retention of 1000000000000000 months"},
 		{map[string]string{"PARTITION_RETENTION_MONTHS": fmt.Sprint(math.MaxInt)}, []string{"verify"}, "PARTITION_RETENTION_MONTHS"},
 	} {

@@ -52,8 +52,10 @@ import (
 //     compactMargin before the run's deadline, so that the cleanup fits
 //     before the Lambda is stopped. A rebuild that timed out is marked with
 //     the time it had, and later runs skip it, rather than spend every run's
-//     budget on it, until a run has more time (archivectl with a longer
-//     timeout, or by hand: see the README). It stays in Result.CompactPending.
+//     budget on it, until a run has more time (a longer
+//     PARTITION_STATEMENT_TIMEOUT, or `archivectl partitions
+//     --compact-per-run`), or it is rebuilt by hand (see the README). It
+//     stays in Result.CompactPending.
 //   - Runs hold the advisory lock, so two rebuilds never race, and a rebuild
 //     never meets the manager's own DETACH ... CONCURRENTLY (which conflicts
 //     with it).
@@ -93,16 +95,26 @@ type pkIndex struct {
 	building  bool // an index build runs on the partition now
 }
 
-// pkSQL lists the valid primary-key index of every attached partition.
+// pkSQL lists the valid primary-key index of every attached partition in the
+// archive's schema (the statements name indexes in that schema; a partition
+// attached from another schema is left alone), and whether another session
+// builds an index on it now: pg_stat_progress_create_index shows other
+// roles' builds only to pg_read_all_stats, so a SHARE UPDATE EXCLUSIVE lock
+// held by another session (a REINDEX or CREATE INDEX CONCURRENTLY, or a
+// VACUUM) counts too.
 const pkSQL = `
 SELECT c.relname, pk.relname, coalesce(obj_description(pk.oid, 'pg_class'), ''),
        pg_relation_size(c.oid) > 0,
        EXISTS (SELECT FROM pg_stat_progress_create_index p WHERE p.relid = c.oid)
+       OR EXISTS (SELECT FROM pg_locks l
+                   WHERE l.locktype = 'relation' AND l.relation = c.oid AND l.granted
+                     AND l.mode = 'ShareUpdateExclusiveLock' AND l.pid <> pg_backend_pid())
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid
   JOIN pg_index x ON x.indrelid = c.oid AND x.indisprimary AND x.indisvalid
   JOIN pg_class pk ON pk.oid = x.indexrelid
- WHERE i.inhparent = $1::oid AND NOT i.inhdetachpending`
+ WHERE i.inhparent = $1::oid AND NOT i.inhdetachpending
+   AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::oid)`
 
 // leftoverSQL lists the invalid indexes an interrupted REINDEX ...
 // CONCURRENTLY leaves on the archive's partitions, except on a partition
@@ -116,7 +128,11 @@ SELECT c.relname, ix.relname
   JOIN pg_class ix ON ix.oid = x.indexrelid
  WHERE i.inhparent = $1::oid AND ($2 = '' OR c.relname = $2)
    AND ix.relname ~ '_cc(new|old)[0-9]*$'
+   AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::oid)
    AND NOT EXISTS (SELECT FROM pg_stat_progress_create_index p WHERE p.relid = c.oid)
+   AND NOT EXISTS (SELECT FROM pg_locks l
+                    WHERE l.locktype = 'relation' AND l.relation = c.oid AND l.granted
+                      AND l.mode = 'ShareUpdateExclusiveLock' AND l.pid <> pg_backend_pid())
  ORDER BY 1, 2`
 
 type leftover struct{ partition, index string }
@@ -262,7 +278,7 @@ func (m *Manager) compaction(ctx context.Context, conn *pgx.Conn, tbl table, par
 		case pk.comment == compactedMark || !pk.hasRows:
 			continue
 		case pk.building:
-			pending("an index is being built on it now")
+			pending("another session holds it now (an index build, or a vacuum)")
 			continue
 		case timedOut && had >= budget:
 			pending("an earlier rebuild timed out after %s and this run has %s: rebuild it by hand or with a longer PARTITION_STATEMENT_TIMEOUT", had, budget)

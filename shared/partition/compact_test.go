@@ -3,6 +3,7 @@ package partition_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -403,4 +404,44 @@ func TestCompactionIsBoundedPerRunAndByTheDeadline(t *testing.T) {
 	require.Empty(t, res.Compacted)
 	require.Empty(t, res.CompactPending)
 	require.Equal(t, "", pkOf(t, db, partition.Name(sep)).Comment)
+}
+
+// A partition attached from another schema is not the manager's to compact
+// or clean: it never touches an index of the same name in the archive's
+// schema.
+func TestAPartitionInAnotherSchemaIsLeftAlone(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	bloated(t, db, 2000, sep)
+	other := db.Schema + "_other"
+	exec := func(sql string, args ...any) error {
+		_, err := db.Pool.Exec(ctx, sql, args...)
+		return err
+	}
+	require.NoError(t, exec("CREATE SCHEMA "+other))
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+other+" CASCADE") })
+	// October lives in the other schema (a restore into a side schema,
+	// attached by hand); drop the manager's own October first.
+	require.NoError(t, exec("ALTER TABLE idempotency_key_archive DETACH PARTITION "+partition.Name(oct)))
+	require.NoError(t, exec("DROP TABLE "+partition.Name(oct)))
+	require.NoError(t, exec(fmt.Sprintf(`CREATE TABLE %s.%s (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`, other, partition.Name(oct))))
+	require.NoError(t, exec(fmt.Sprintf(`ALTER TABLE idempotency_key_archive ATTACH PARTITION %s.%s FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00')`, other, partition.Name(oct))))
+	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:oct_a", Status: 201, ExpiredAt: oct.Add(time.Hour)})
+	// An interrupted CREATE INDEX CONCURRENTLY leaves an invalid index there.
+	err := exec(fmt.Sprintf(`CREATE INDEX CONCURRENTLY evil_ccnew ON %s.%s ((1 / (status_code - 201)))`, other, partition.Name(oct)))
+	require.Error(t, err)
+	// And in the archive's schema, a valid index of the same name on another table.
+	require.NoError(t, exec(`CREATE UNIQUE INDEX evil_ccnew ON idempotency_keys (scoped_key, expires_at)`))
+
+	for range 2 {
+		res, err := compacting(t, db, partition.Config{CompactPerRun: 1}).Run(ctx, false)
+		require.NoError(t, err)
+		require.Empty(t, res.DroppedIndexes)
+		require.Empty(t, res.Failed)
+	}
+	n := dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE relname = 'evil_ccnew' AND relnamespace = current_schema()::regnamespace")
+	m := dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE relname = 'evil_ccnew' AND relnamespace = $1::regnamespace", other)
+	require.EqualValues(t, 1, m, "not the manager's to drop")
+	require.EqualValues(t, 1, n, "the manager dropped a valid index of another table")
 }

@@ -435,7 +435,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		res.record(s)
 	}
 	if !dryRun {
-		pk, err := maintainPlainKeys(ctx, conn.Conn(), m.cfg.StatementTimeout)
+		pk, err := maintainPlainKeys(ctx, conn.Conn(), plainkeys.Limits{LockTimeout: m.cfg.LockTimeout}, m.cfg.StatementTimeout)
 		res.PlainKeys = &pk
 		if err != nil {
 			if ctx.Err() != nil {
@@ -801,19 +801,20 @@ type PlainKeys struct {
 
 // maintainPlainKeys records the rows of pending ranges and prunes entries of
 // retired months, for at most budget (and never closer than compactMargin
-// to ctx's deadline); what it cannot finish, the next run does.
-func maintainPlainKeys(ctx context.Context, conn *pgx.Conn, budget time.Duration) (PlainKeys, error) {
+// to ctx's deadline), each statement waiting for locks at most
+// l.LockTimeout; what it cannot finish, the next run does.
+func maintainPlainKeys(ctx context.Context, conn *pgx.Conn, l plainkeys.Limits, budget time.Duration) (PlainKeys, error) {
 	var pk PlainKeys
 	deadline := time.Now().Add(budget)
 	if dl, ok := ctx.Deadline(); ok && dl.Add(-compactMargin).Before(deadline) {
 		deadline = dl.Add(-compactMargin)
 	}
-	p, err := plainkeys.Index(ctx, conn, plainkeys.DefaultBatch, deadline)
+	p, err := plainkeys.Index(ctx, conn, plainkeys.DefaultBatch, l, deadline)
 	pk.Scanned, pk.Recorded, pk.RangesDone, pk.RangesLeft = p.Scanned, p.Recorded, p.RangesDone, p.RangesLeft
 	if err != nil {
 		return pk, err
 	}
-	pk.Pruned, err = plainkeys.Prune(ctx, conn, plainkeys.DefaultBatch, deadline)
+	pk.Pruned, err = plainkeys.Prune(ctx, conn, plainkeys.DefaultBatch, l, deadline)
 	return pk, err
 }
 

@@ -28,7 +28,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/idemarchive/idemarchive/shared/database"
 )
 
 // DefaultBatch is the number of archive rows one statement of Index reads, and
@@ -90,14 +93,46 @@ const finishSQL = `
 DELETE FROM idempotency_archive_plain_keys_pending
  WHERE expired_from = $1 AND expired_to = $2`
 
+// Limits bounds the statements of Index and Prune: each waits for a lock at
+// most LockTimeout (0: until the deadline) and runs at most until the
+// deadline passed to them.
+type Limits struct {
+	LockTimeout time.Duration
+}
+
+// inTx runs fn in a transaction bounded by l and deadline, with the session
+// settings the SQL here reads timestamps under (a partition bound printed in
+// another DateStyle or time zone would read as another instant).
+func (l Limits) inTx(ctx context.Context, conn *pgx.Conn, deadline time.Time, fn func(pgx.Tx) error) error {
+	left := time.Until(deadline)
+	if left < time.Millisecond {
+		return context.DeadlineExceeded
+	}
+	lock := l.LockTimeout
+	if lock <= 0 || lock > left {
+		lock = left // 0ms would mean no limit at all
+	}
+	settings := database.Timeouts(lock, left)
+	settings["TimeZone"], settings["DateStyle"] = "UTC", "ISO, YMD"
+	ctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
+	defer cancel()
+	return database.InTx(ctx, conn, settings, fn)
+}
+
 // Index records the rows of pending ranges until none is left or deadline
-// passes (checked between batches; each batch is its own transaction, so an
-// interruption loses at most one batch's work and repeats it harmlessly).
-func Index(ctx context.Context, conn *pgx.Conn, batch int, deadline time.Time) (Progress, error) {
-	var p Progress
+// passes (checked between batches, and each batch's statements end by it).
+// Each batch is its own transaction, so an interruption loses at most one
+// batch's work and repeats it harmlessly.
+func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline time.Time) (p Progress, err error) {
 	if batch < 1 {
 		return p, fmt.Errorf("plain keys: batch must be positive, got %d", batch)
 	}
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			// Still say how many ranges wait, if the database answers.
+			_ = p.countLeft(ctx, conn)
+		}
+	}()
 	for {
 		var from, to, afterExpiry pgtype.Timestamptz
 		var afterKey string
@@ -108,13 +143,13 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, deadline time.Time) (
 		if err != nil {
 			return p, fmt.Errorf("plain keys: read pending ranges: %w", err)
 		}
-		if !time.Now().Before(deadline) {
+		if time.Until(deadline) < time.Millisecond {
 			return p, p.countLeft(ctx, conn)
 		}
 		var scanned, recorded int64
 		var lastKey *string
 		var lastExpiry pgtype.Timestamptz
-		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		err = l.inTx(ctx, conn, deadline, func(tx pgx.Tx) error {
 			sql := indexSQL
 			if to.InfinityModifier == pgtype.Infinity {
 				sql = indexToInfinitySQL
@@ -183,13 +218,18 @@ DELETE FROM idempotency_archive_plain_keys
 // batches, until none is left or deadline passes; it returns how many it
 // deleted. With no partition at all it deletes nothing: there is then no way
 // to tell retired months from months not created yet.
-func Prune(ctx context.Context, conn *pgx.Conn, batch int, deadline time.Time) (int64, error) {
+func Prune(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline time.Time) (int64, error) {
 	if batch < 1 {
 		return 0, fmt.Errorf("plain keys: batch must be positive, got %d", batch)
 	}
 	var deleted int64
-	for time.Now().Before(deadline) {
-		tag, err := conn.Exec(ctx, pruneSQL, batch)
+	for time.Until(deadline) >= time.Millisecond {
+		var tag pgconn.CommandTag
+		err := l.inTx(ctx, conn, deadline, func(tx pgx.Tx) error {
+			var err error
+			tag, err = tx.Exec(ctx, pruneSQL, batch)
+			return err
+		})
 		if err != nil {
 			return deleted, fmt.Errorf("plain keys: delete records of retired months: %w", err)
 		}

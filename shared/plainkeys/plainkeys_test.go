@@ -16,6 +16,8 @@ import (
 	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
+var limits = plainkeys.Limits{LockTimeout: time.Second}
+
 // month is the current one: dbtest.Partition creates it.
 var month = partition.MonthStart(time.Now())
 
@@ -67,21 +69,21 @@ func TestIndexRecordsPendingRowsInBatchesAndResumes(t *testing.T) {
 	defer func() { conn.Release() }()
 
 	// A run out of time does nothing and says so.
-	p, err := plainkeys.Index(ctx, conn.Conn(), 3, time.Now())
+	p, err := plainkeys.Index(ctx, conn.Conn(), 3, limits, time.Now())
 	require.NoError(t, err)
 	require.Equal(t, plainkeys.Progress{RangesLeft: 1}, p)
 
 	// A cancelled run fails and leaves the range pending.
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err = plainkeys.Index(cancelled, conn.Conn(), 3, time.Now().Add(time.Minute))
+	_, err = plainkeys.Index(cancelled, conn.Conn(), 3, limits, time.Now().Add(time.Minute))
 	require.ErrorIs(t, err, context.Canceled)
 	conn.Release()
 	conn, err = db.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
 
-	p, err = plainkeys.Index(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	p, err = plainkeys.Index(ctx, conn.Conn(), 7, limits, time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	require.EqualValues(t, 20, p.Scanned)
 	require.EqualValues(t, 10, p.Recorded, "only the keys without a timestamp")
@@ -101,7 +103,7 @@ func TestIndexStopsAtItsDeadlineBetweenBatches(t *testing.T) {
 	defer conn.Release()
 
 	// A deadline that passes during the first batch: one batch runs.
-	p, err := plainkeys.Index(ctx, conn.Conn(), 4, time.Now().Add(time.Millisecond))
+	p, err := plainkeys.Index(ctx, conn.Conn(), 4, limits, time.Now().Add(time.Millisecond))
 	time.Sleep(2 * time.Millisecond)
 	require.NoError(t, err)
 	require.LessOrEqual(t, p.Scanned, int64(20))
@@ -114,7 +116,7 @@ func TestIndexStopsAtItsDeadlineBetweenBatches(t *testing.T) {
 	lookupAll(t, db.NewPool(t, dbtest.AsRole(schema.ReaderRole)), plain)
 
 	for left > 0 {
-		_, err = plainkeys.Index(ctx, conn.Conn(), 4, time.Now().Add(time.Minute))
+		_, err = plainkeys.Index(ctx, conn.Conn(), 4, limits, time.Now().Add(time.Minute))
 		require.NoError(t, err)
 		left = dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending")
 	}
@@ -134,7 +136,7 @@ func TestPruneDeletesOnlyRecordsOfMonthsNoPartitionHolds(t *testing.T) {
 	require.NoError(t, err)
 
 	// No partition at all: nothing tells retired months from future ones.
-	n, err := plainkeys.Prune(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	n, err := plainkeys.Prune(ctx, conn.Conn(), 7, limits, time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	require.Zero(t, n)
 
@@ -144,7 +146,7 @@ func TestPruneDeletesOnlyRecordsOfMonthsNoPartitionHolds(t *testing.T) {
 		CREATE TABLE idempotency_key_archive_2026_11 PARTITION OF idempotency_key_archive
 		   FOR VALUES FROM ('2026-11-01 00:00:00+00') TO ('2026-12-01 00:00:00+00')`)
 	require.NoError(t, err)
-	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, limits, time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	require.EqualValues(t, 16, n, "15 to 30 September")
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE expired_at < '2026-10-01'"))
@@ -157,7 +159,7 @@ func TestPruneDeletesOnlyRecordsOfMonthsNoPartitionHolds(t *testing.T) {
 		INSERT INTO idempotency_archive_plain_keys VALUES (-2, '2026-08-01 00:30:00+00'), (-3, '2026-07-31 23:00:00+00');
 		CREATE TABLE idempotency_key_archive_2026_08 (LIKE idempotency_key_archive)`)
 	require.NoError(t, err)
-	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, limits, time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "only the record of July")
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE key_hash = -2"))
@@ -168,10 +170,52 @@ func TestPruneDeletesOnlyRecordsOfMonthsNoPartitionHolds(t *testing.T) {
 		CREATE TABLE idempotency_key_archive_old PARTITION OF idempotency_key_archive
 		   FOR VALUES FROM (MINVALUE) TO ('2026-10-01 00:00:00+00')`)
 	require.NoError(t, err)
-	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, time.Now().Add(time.Minute))
+	n, err = plainkeys.Prune(ctx, conn.Conn(), 7, limits, time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	require.Zero(t, n)
 
-	_, err = plainkeys.Prune(ctx, conn.Conn(), 0, time.Now().Add(time.Minute))
+	_, err = plainkeys.Prune(ctx, conn.Conn(), 0, limits, time.Now().Add(time.Minute))
 	require.ErrorContains(t, err, "batch must be positive")
+}
+
+// A partition bound is read back as an instant whatever DateStyle and time
+// zone the session has ("IST" in the SQL style reads as Israel's).
+func TestPruneReadsBoundsWhateverTheSessionsDateStyle(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	pool := db.NewPool(t, dbtest.WithParam("DateStyle", "SQL, DMY"), dbtest.WithParam("TimeZone", "Asia/Kolkata"))
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `
+		CREATE TABLE restored_2026_10 PARTITION OF idempotency_key_archive
+		   FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00');
+		INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:early', '\x00', 201, '2026-09-30 01:00:00+00', '2026-10-01 01:00:00+00')`)
+	require.NoError(t, err)
+	n, err := plainkeys.Prune(ctx, conn.Conn(), 7, limits, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
+}
+
+// A lock held on the table bounds Index by its lock timeout, not the run.
+func TestIndexWaitsForALockAtMostItsTimeout(t *testing.T) {
+	t.Parallel()
+	db, _ := setup(t)
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_archive_plain_keys IN SHARE MODE")
+	require.NoError(t, err)
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	start := time.Now()
+	p, err := plainkeys.Index(ctx, conn.Conn(), 100, plainkeys.Limits{LockTimeout: 200 * time.Millisecond}, time.Now().Add(time.Minute))
+	require.ErrorContains(t, err, "lock timeout")
+	require.Less(t, time.Since(start), 30*time.Second)
+	require.Equal(t, 1, p.RangesLeft, "a failed run still says what waits")
 }
