@@ -258,10 +258,15 @@ func (r *report) capacity(w func(string, ...any)) {
 	if !ok || c.RowsPerSec == 0 {
 		return
 	}
-	perRow := c.Storage.TotalPerRow
+	// Closed months are compacted: the archive's steady state is the size
+	// after compaction, where the run measured it.
+	perRow, when := c.Storage.TotalPerRow, "right after the sweep"
+	if r.Compact != nil && len(r.Compact.Cases) > 0 && r.Compact.Cases[0].After.TotalPerRow > 0 {
+		perRow, when = r.Compact.Cases[0].After.TotalPerRow, "after compaction"
+	}
 	w("## Capacity model\n\n")
-	w("From this run's figures: %.0f archive bytes per row, the project's sweeper at %s rows/s and %.0f WAL bytes per row (this machine, fsync off: ",
-		perRow, thousands(int64(c.RowsPerSec)), c.WALPerRow)
+	w("From this run's figures: %.0f archive bytes per row (%s, the plain-key table included), the project's sweeper at %s rows/s and %.0f WAL bytes per row (this machine, fsync off: ",
+		perRow, when, thousands(int64(c.RowsPerSec)), c.WALPerRow)
 	w("read the sweep time as a lower bound on a durable server), one archive row per key. Retention is forever unless the partition manager's RetentionMonths is set.\n\n")
 	w("| Keys per day | archive per year | after 10 years | sweep time per day | WAL per day from the sweep | partitions after 1 / 10 years |\n")
 	w("| ---: | ---: | ---: | ---: | ---: | ---: |\n")
