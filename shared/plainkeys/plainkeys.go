@@ -130,21 +130,23 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 	defer func() {
 		if err != nil && ctx.Err() == nil {
 			// Still say how many ranges wait, if the database answers.
-			_ = p.countLeft(ctx, conn)
+			_ = p.countLeft(ctx, conn, l)
 		}
 	}()
 	for {
+		if time.Until(deadline) < time.Millisecond {
+			return p, p.countLeft(ctx, conn, l)
+		}
 		var from, to, afterExpiry pgtype.Timestamptz
 		var afterKey string
-		err := conn.QueryRow(ctx, pendingSQL).Scan(&from, &to, &afterKey, &afterExpiry)
+		err := l.inTx(ctx, conn, deadline, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, pendingSQL).Scan(&from, &to, &afterKey, &afterExpiry)
+		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return p, nil
 		}
 		if err != nil {
 			return p, fmt.Errorf("plain keys: read pending ranges: %w", err)
-		}
-		if time.Until(deadline) < time.Millisecond {
-			return p, p.countLeft(ctx, conn)
 		}
 		var scanned, recorded int64
 		var lastKey *string
@@ -175,9 +177,14 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 	}
 }
 
-func (p *Progress) countLeft(ctx context.Context, conn *pgx.Conn) error {
+// countLeft counts the pending ranges, within a few seconds whatever the
+// run's deadline (it reports, it does no work).
+func (p *Progress) countLeft(ctx context.Context, conn *pgx.Conn, l Limits) error {
 	var n int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys_pending").Scan(&n); err != nil {
+	err := l.inTx(ctx, conn, time.Now().Add(2*time.Second), func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys_pending").Scan(&n)
+	})
+	if err != nil {
 		return fmt.Errorf("plain keys: count pending ranges: %w", err)
 	}
 	p.RangesLeft = n
