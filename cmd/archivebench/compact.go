@@ -165,30 +165,17 @@ func lookUpDuring(ctx context.Context, db *benchDB, stop <-chan struct{}) (func(
 // issue 10's rows: keys scoped to one of 1,000 tenants ("idem:v1t:" +
 // 14-byte tenant + ":" + UUIDv7, 60 bytes) and 27-byte resource ids.
 func loadTenantSource(ctx context.Context, db *benchDB, rows int, p *progress) error {
-	if _, err := db.Pool.Exec(ctx, "CREATE UNLOGGED TABLE bench_live_source (LIKE idempotency_keys INCLUDING DEFAULTS)"); err != nil {
-		return fmt.Errorf("create the source table: %w", err)
-	}
 	p.Step("compact: generate and copy %d expired live rows with tenant-scoped keys", rows)
 	g := newKeyGen(2)
 	first := time.Now().Add(-25 * time.Hour)
 	step := 24 * time.Hour / time.Duration(max(rows, 1))
-	i := 0
-	src := pgx.CopyFromFunc(func() ([]any, error) {
-		if i >= rows {
-			return nil, nil
-		}
+	return copyLiveSource(ctx, db, "bench_live_source", rows, g, p, func(i int) liveRow {
 		expires := first.Add(time.Duration(i) * step)
 		created := expires.Add(-24 * time.Hour)
 		key := fmt.Sprintf("idem:v1t:acct_%09d:%s", g.r.IntN(1000), g.uuidV7(created))
 		response := fmt.Appendf(nil, `{"id":%q,"object":"charge","amount":%d,"currency":"gbp","status":"succeeded"}`, g.resourceID(), 100+g.r.IntN(100_000))
-		i++
-		return []any{key, g.fingerprint(), "completed", int16(201), response, created, expires, int64(300_000)}, nil
+		return liveRow{key: key, response: response, created: created, expires: expires}
 	})
-	cols := []string{"scoped_key", "fingerprint", "state", "status_code", "response", "created_at", "expires_at", "skew_ms"}
-	if _, err := db.Pool.CopyFrom(ctx, pgx.Identifier{"bench_live_source"}, cols, src); err != nil {
-		return fmt.Errorf("copy live rows: %w", err)
-	}
-	return nil
 }
 
 // compactTables renders the compaction measurement.

@@ -41,9 +41,8 @@ func (g *keyGen) key(shape int, t time.Time) string {
 
 const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
-// ulid is a canonical ULID: 48 bits of milliseconds, 80 random bits, in 26
-// Crockford base32 characters.
-func (g *keyGen) ulid(t time.Time) string {
+// timed is 128 bits: t's 48 bits of milliseconds, then 80 random bits.
+func (g *keyGen) timed(t time.Time) [16]byte {
 	var b [16]byte
 	ms := uint64(t.UnixMilli())
 	for i := 0; i < 6; i++ {
@@ -51,6 +50,13 @@ func (g *keyGen) ulid(t time.Time) string {
 	}
 	binary.BigEndian.PutUint64(b[6:14], g.r.Uint64())
 	binary.BigEndian.PutUint16(b[14:], uint16(g.r.Uint32()))
+	return b
+}
+
+// ulid is a canonical ULID: 48 bits of milliseconds, 80 random bits, in 26
+// Crockford base32 characters.
+func (g *keyGen) ulid(t time.Time) string {
+	b := g.timed(t)
 	hi := binary.BigEndian.Uint64(b[:8])
 	lo := binary.BigEndian.Uint64(b[8:])
 	var out [26]byte
@@ -65,13 +71,7 @@ func (g *keyGen) ulid(t time.Time) string {
 
 // uuidV7 is an RFC 9562 version 7 UUID for t.
 func (g *keyGen) uuidV7(t time.Time) string {
-	var b [16]byte
-	ms := uint64(t.UnixMilli())
-	for i := 0; i < 6; i++ {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
-	binary.BigEndian.PutUint64(b[6:14], g.r.Uint64())
-	binary.BigEndian.PutUint16(b[14:], uint16(g.r.Uint32()))
+	b := g.timed(t)
 	b[6] = b[6]&0x0f | 0x70
 	b[8] = b[8]&0x3f | 0x80
 	return formatUUID(b)

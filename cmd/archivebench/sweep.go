@@ -170,17 +170,56 @@ func benchSweep(ctx context.Context, base string, rows, unexpired int, p *progre
 
 const liveColumns = "scoped_key, fingerprint, state, status_code, response, created_at, expires_at, skew_ms"
 
+// liveRow is one generated completed live row: its key, stored response and
+// times.
+type liveRow struct {
+	key              string
+	response         []byte
+	created, expires time.Time
+}
+
+// copyLiveSource creates the unlogged table source like idempotency_keys and
+// copies total rows into it, row(i) making the i-th. skew_ms is set, as the
+// middleware sets it, so the unbounded-writer trigger never fires.
+func copyLiveSource(ctx context.Context, db *benchDB, source string, total int, g *keyGen, p *progress, row func(i int) liveRow) error {
+	if _, err := db.Pool.Exec(ctx, "CREATE UNLOGGED TABLE "+pgx.Identifier{source}.Sanitize()+" (LIKE idempotency_keys INCLUDING DEFAULTS)"); err != nil {
+		return fmt.Errorf("create the source table: %w", err)
+	}
+	i := 0
+	src := pgx.CopyFromFunc(func() ([]any, error) {
+		if i >= total {
+			return nil, nil
+		}
+		r := row(i)
+		i++
+		if i%50_000 == 0 {
+			p.Update("%d/%d rows", i, total)
+		}
+		return []any{r.key, g.fingerprint(), "completed", int16(201), r.response, r.created, r.expires, int64(300_000)}, nil
+	})
+	cols := []string{"scoped_key", "fingerprint", "state", "status_code", "response", "created_at", "expires_at", "skew_ms"}
+	n, err := db.Pool.CopyFrom(ctx, pgx.Identifier{source}, cols, src)
+	if err != nil {
+		return fmt.Errorf("copy live rows: %w", err)
+	}
+	if n != int64(total) {
+		return fmt.Errorf("copy live rows: copied %d of %d", n, total)
+	}
+	return nil
+}
+
+// charge is a small stored charge response with resource id id.
+func (g *keyGen) charge(id string, created time.Time) []byte {
+	return fmt.Appendf(nil, `{"id":%q,"object":"charge","amount":%d,"currency":"gbp","status":"succeeded","created":%d}`,
+		id, 100+g.r.IntN(100_000), created.Unix())
+}
+
 // loadLiveSource fills bench_live_source with rows completed keys that
 // expired over the last day and unexpired keys that expire over the next
 // (the day of traffic a live table always holds), in expiry order (the
-// order a live table is written in). A third of the keys are ULIDs, a third UUIDv7, a third plain;
-// each stored response is a small charge with its id. skew_ms is set, as the
-// middleware sets it, so the unbounded-writer trigger never fires.
+// order a live table is written in). A third of the keys are ULIDs, a third
+// UUIDv7, a third plain; each stored response is a small charge with its id.
 func loadLiveSource(ctx context.Context, db *benchDB, rows, unexpired int, p *progress) error {
-	if _, err := db.Pool.Exec(ctx, "CREATE UNLOGGED TABLE bench_live_source (LIKE idempotency_keys INCLUDING DEFAULTS)"); err != nil {
-		return fmt.Errorf("create the source table: %w", err)
-	}
-	total := rows + unexpired
 	p.Step("sweep: generate and copy %d expired and %d unexpired live rows", rows, unexpired)
 	g := newKeyGen(1)
 	now := time.Now()
@@ -189,34 +228,14 @@ func loadLiveSource(ctx context.Context, db *benchDB, rows, unexpired int, p *pr
 	// Unexpired rows expire from an hour ahead: none expires during the run.
 	ahead := now.Add(time.Hour)
 	aheadStep := 23 * time.Hour / time.Duration(max(unexpired, 1))
-	i := 0
-	src := pgx.CopyFromFunc(func() ([]any, error) {
-		if i >= total {
-			return nil, nil
-		}
+	return copyLiveSource(ctx, db, "bench_live_source", rows+unexpired, g, p, func(i int) liveRow {
 		expires := first.Add(time.Duration(i) * step)
 		if i >= rows {
 			expires = ahead.Add(time.Duration(i-rows) * aheadStep)
 		}
 		created := expires.Add(-24 * time.Hour)
-		id := g.resourceID()
-		response := fmt.Appendf(nil, `{"id":%q,"object":"charge","amount":%d,"currency":"gbp","status":"succeeded","created":%d}`,
-			id, 100+g.r.IntN(100_000), created.Unix())
-		i++
-		if i%50_000 == 0 {
-			p.Update("%d/%d rows", i, total)
-		}
-		return []any{g.key(g.r.IntN(shapes), created), g.fingerprint(), "completed", int16(201), response, created, expires, int64(300_000)}, nil
+		return liveRow{response: g.charge(g.resourceID(), created), key: g.key(g.r.IntN(shapes), created), created: created, expires: expires}
 	})
-	cols := []string{"scoped_key", "fingerprint", "state", "status_code", "response", "created_at", "expires_at", "skew_ms"}
-	n, err := db.Pool.CopyFrom(ctx, pgx.Identifier{"bench_live_source"}, cols, src)
-	if err != nil {
-		return fmt.Errorf("copy live rows: %w", err)
-	}
-	if n != int64(total) {
-		return fmt.Errorf("copy live rows: copied %d of %d", n, total)
-	}
-	return nil
 }
 
 // reloadLive empties the archive and the live table and refills the live

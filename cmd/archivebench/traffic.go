@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/livestore"
@@ -226,38 +224,15 @@ func benchTraffic(ctx context.Context, base string, ops, backlog int, p *progres
 // loadTrafficSource fills bench_traffic_source with rows completed keys
 // (the three shapes, a stored charge) that expired over the last day.
 func loadTrafficSource(ctx context.Context, db *benchDB, rows int, p *progress) error {
-	if _, err := db.Pool.Exec(ctx, "CREATE UNLOGGED TABLE bench_traffic_source (LIKE idempotency_keys INCLUDING DEFAULTS)"); err != nil {
-		return fmt.Errorf("create the source table: %w", err)
-	}
 	p.Step("traffic: generate and copy %d expired live rows", rows)
 	g := newKeyGen(4)
 	first := time.Now().Add(-25 * time.Hour)
 	step := 24 * time.Hour / time.Duration(max(rows, 1))
-	i := 0
-	src := pgx.CopyFromFunc(func() ([]any, error) {
-		if i >= rows {
-			return nil, nil
-		}
+	return copyLiveSource(ctx, db, "bench_traffic_source", rows, g, p, func(i int) liveRow {
 		expires := first.Add(time.Duration(i) * step)
 		created := expires.Add(-24 * time.Hour)
-		id := g.resourceID()
-		response := fmt.Appendf(nil, `{"id":%q,"object":"charge","amount":%d,"currency":"gbp","status":"succeeded","created":%d}`,
-			id, 100+g.r.IntN(100_000), created.Unix())
-		i++
-		if i%50_000 == 0 {
-			p.Update("%d/%d rows", i, rows)
-		}
-		return []any{g.key(g.r.IntN(shapes), created), g.fingerprint(), "completed", int16(201), response, created, expires, int64(300_000)}, nil
+		return liveRow{response: g.charge(g.resourceID(), created), key: g.key(g.r.IntN(shapes), created), created: created, expires: expires}
 	})
-	cols := []string{"scoped_key", "fingerprint", "state", "status_code", "response", "created_at", "expires_at", "skew_ms"}
-	n, err := db.Pool.CopyFrom(ctx, pgx.Identifier{"bench_traffic_source"}, cols, src)
-	if err != nil {
-		return fmt.Errorf("copy live rows: %w", err)
-	}
-	if n != int64(rows) {
-		return fmt.Errorf("copy live rows: copied %d of %d", n, rows)
-	}
-	return nil
 }
 
 const refillTrafficSQL = "INSERT INTO idempotency_keys (" + liveColumns + ") SELECT " + liveColumns + " FROM bench_traffic_source ORDER BY expires_at"
