@@ -133,6 +133,29 @@ func TestPlainKeyLookupWhenTheRulesDisagree(t *testing.T) {
 	require.Len(t, touched, 15)
 }
 
+// rule006 is idempotency_key_has_time as migration 006 wrote it, a pattern
+// matched against the whole key. Migration 007 replaced it with a cheaper
+// form of the same rule: the entries the trigger recorded under either must
+// mean the same.
+const rule006 = `(^|:)([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}|[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-7[0-9A-Fa-f]{3}-[89ABab][0-9A-Fa-f]{3}-[0-9A-Fa-f]{12})$`
+
+// idempotency_key_has_time is inlined into the statements that call it (a
+// function that is not inlined costs several µs a row in the sweep's
+// trigger), and a NULL key still gives NULL.
+func TestKeyTimeRuleIsInlined(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	var plan string
+	require.NoError(t, db.Pool.QueryRow(ctx, `EXPLAIN (VERBOSE, FORMAT JSON)
+		SELECT idempotency_key_has_time(scoped_key) FROM idempotency_key_archive`).Scan(&plan))
+	require.Contains(t, plan, "split_part")
+	require.NotContains(t, plan, "idempotency_key_has_time", "the function is called, not inlined")
+	var null *bool
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT idempotency_key_has_time(NULL)").Scan(&null))
+	require.Nil(t, null)
+}
+
 // The trigger and the lookup decide whether a key has a timestamp with the
 // SQL function idempotency_key_has_time, the middleware with keytime.FromKey:
 // they must agree on every key a lookup accepts.
@@ -142,7 +165,8 @@ func FuzzKeyTimeRuleMatchesSQL(f *testing.F) {
 	for _, s := range []string{
 		u, strings.ToLower(u), "idem:v1:" + u, "idem:v1:t=acme:" + u, u + ":x", "8" + u[1:], "7" + u[1:], "Z" + u[1:],
 		u[:25], u + "0", strings.Replace(u, "A", "I", 1), strings.Replace(u, "A", "L", 1), strings.Replace(u, "B", "U", 1),
-		"x\n" + u, u + "\n", ":" + u, "::" + u,
+		"x\n" + u, u + "\n", ":" + u, "::" + u, u + ":", u + "::" + u, "x:" + strings.Repeat("0", 26), strings.Repeat("é", 26),
+		"idem:v1:" + strings.Repeat("-", 36), "0190f5a4-5c3e-7abc-8def-0123456789aé", "0190f5a4-5c3e-7abc-8def-0123456789a:b",
 		"0190f5a4-5c3e-7abc-8def-0123456789ab", "0190F5A4-5C3E-7ABC-BDEF-0123456789AB", "0190f5a4-5c3e-7abc-cdef-0123456789ab",
 		"0190f5a4-5c3e-4abc-8def-0123456789ab", "0190f5a45c3e-7abc-8def-0123456789ab-", "idem:v1:0190f5a4-5c3e-7abc-9def-0123456789ab",
 		"0190f5a4-5c3e-7abc-8def-0123456789aG", "g190f5a4-5c3e-7abc-8def-0123456789ab", "0190f5a4_5c3e-7abc-8def-0123456789ab",
@@ -155,12 +179,16 @@ func FuzzKeyTimeRuleMatchesSQL(f *testing.F) {
 		if !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0 {
 			return // refused before any query (ErrInvalidKey)
 		}
-		var inSQL bool
-		if err := db.Pool.QueryRow(context.Background(), "SELECT idempotency_key_has_time($1)", key).Scan(&inSQL); err != nil {
+		var inSQL, in006 bool
+		if err := db.Pool.QueryRow(context.Background(), "SELECT idempotency_key_has_time($1), $1 ~ '"+rule006+"'", key).Scan(&inSQL, &in006); err != nil {
 			t.Fatal(err)
 		}
 		if _, inGo := keytime.FromKey(key); inGo != inSQL {
 			t.Fatalf("key %q: keytime says %v, idempotency_key_has_time says %v", key, inGo, inSQL)
+		}
+		if in006 != inSQL {
+			// Entries recorded under migration 006's rule must stay valid.
+			t.Fatalf("key %q: migration 006's rule says %v, idempotency_key_has_time says %v", key, in006, inSQL)
 		}
 	})
 }
@@ -227,4 +255,32 @@ func TestAReattachedMonthsKeysAreFound(t *testing.T) {
 	rec, err := newReader(t, b.reader, nil).Lookup(ctx, "idem:v1:restored", nil)
 	require.NoError(t, err)
 	require.Equal(t, 201, rec.Status)
+}
+
+// The trigger inserts entries without ON CONFLICT first and falls back to it
+// on a unique violation: an entry that exists already (its archive row was
+// deleted and is inserted again) neither fails the archive insert nor keeps
+// the statement's other rows from getting theirs.
+func TestAnEntryThatExistsAlreadyKeepsTheInsertWhole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	at := time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:again", Status: 201, ExpiredAt: at})
+	_, err := b.db.Pool.Exec(ctx, "DELETE FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:again'")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, plainRows(t, b.db.Pool, "idem:v1:again"), "deleting an archive row leaves its entry")
+
+	// One statement: the row inserted again, and two new ones.
+	sweeper := b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole))
+	_, err = sweeper.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		SELECT k, '\x00', 201, $1::timestamptz - interval '1 day', $1
+		  FROM unnest(ARRAY['idem:v1:new-a', 'idem:v1:again', 'idem:v1:new-b']) AS k`, at)
+	require.NoError(t, err)
+	for _, key := range []string{"idem:v1:again", "idem:v1:new-a", "idem:v1:new-b"} {
+		require.EqualValues(t, 1, plainRows(t, b.db.Pool, key), key)
+		rec, err := newReader(t, b.reader, nil).Lookup(ctx, key, nil)
+		require.NoError(t, err, key)
+		require.Equal(t, at, rec.ExpiredAt)
+	}
 }

@@ -314,4 +314,5 @@ const (
 	CodeLockNotAvailable      = "55P03" // lock_timeout expired
 	CodeQueryCanceled         = "57014" // statement_timeout expired
 	CodeUndefinedTable        = "42P01"
+	CodeUniqueViolation       = "23505"
 )

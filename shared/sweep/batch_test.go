@@ -174,17 +174,18 @@ func raceCompletionsWithBatches(t *testing.T, db *dbtest.DB, pool *pgxpool.Pool,
 	var short, moved atomic.Int64
 	var sweeps sync.WaitGroup
 	deadline := time.Now().Add(30 * time.Second)
-	for range sweepers {
+	for i := range sweepers {
 		sweeps.Add(1)
 		go func() {
 			defer sweeps.Done()
+			safe := i%2 == 0 // half the sweepers with the conflict clause, half without
 			s, err := New(pool, Config{BatchSize: 7}, nil, nil)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			for time.Now().Before(deadline) {
-				b, err := s.batch(ctx)
+				b, err := s.batch(ctx, safe)
 				if err != nil {
 					t.Errorf("batch: %v", err)
 					return

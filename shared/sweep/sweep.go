@@ -56,6 +56,31 @@ import (
 //go:embed batch.sql
 var batchSQL string
 
+// conflictClause is what makes batchSQL leave an archive row that already
+// exists in place and still delete its live row.
+const conflictClause = "ON CONFLICT (scoped_key, expired_at) DO NOTHING"
+
+// fastBatchSQL is batchSQL without conflictClause: a plain insert, 35-45 ms
+// cheaper a batch of 10,000. Why skipping the clause is safe (the invariant):
+// the batch is one statement in one transaction, so when an archive row
+// already exists the unique violation fails the whole statement, which then
+// has deleted and archived nothing; the sweeper runs the same batch again
+// with batchSQL, and uses batchSQL for the rest of the run. No row can leave
+// the live table without its archive row, and none is stuck behind a
+// conflict.
+var fastBatchSQL = withoutConflictClause(batchSQL)
+
+func withoutConflictClause(sql string) string {
+	if strings.Count(sql, conflictClause) != 1 {
+		panic("sweep: batch.sql must hold the conflict clause exactly once")
+	}
+	return strings.Replace(sql, conflictClause, "", 1)
+}
+
+// errArchiveConflict: a fastBatchSQL batch met an archive row that already
+// exists and moved nothing.
+var errArchiveConflict = errors.New("an archive row of the batch exists already")
+
 // backlogSQL counts expired live rows through the expires_at index, up to a cap
 // so that a huge backlog costs a bounded scan.
 const backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE expires_at < now() LIMIT $1) s`
@@ -363,7 +388,8 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		s.metrics.Emit(values...)
 	}()
 
-	raced := 0 // consecutive batches whose missing partition appeared meanwhile
+	raced := 0    // consecutive batches whose missing partition appeared meanwhile
+	safe := false // whether batches insert with the conflict clause
 	for {
 		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
 			res.Stopped = stop
@@ -376,7 +402,13 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			}
 			return res, nil
 		}
-		b, err := s.batch(ctx)
+		b, err := s.batch(ctx, safe)
+		if errors.Is(err, errArchiveConflict) {
+			// Nothing moved: the same batch again, and the rest of the run,
+			// skip the rows whose archive rows exist.
+			safe = true
+			continue
+		}
 		var missing *MissingPartitionError
 		if errors.As(err, &missing) {
 			created, cerr := s.createPartitions(ctx, missing)
@@ -465,7 +497,14 @@ type batchResult struct {
 	selected, archived, removed int64
 }
 
-func (s *Sweeper) batch(ctx context.Context) (batchResult, error) {
+// batch runs one batch: with batchSQL when safe, else with fastBatchSQL,
+// which fails with errArchiveConflict (and moves nothing) when an archive row
+// of the batch exists already.
+func (s *Sweeper) batch(ctx context.Context, safe bool) (batchResult, error) {
+	sql := fastBatchSQL
+	if safe {
+		sql = batchSQL
+	}
 	var b batchResult
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout+5*time.Second)
 	defer cancel()
@@ -478,9 +517,12 @@ func (s *Sweeper) batch(ctx context.Context) (batchResult, error) {
 	}
 	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error {
 		return database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, batchSQL, s.cfg.BatchSize, s.path).Scan(&b.selected, &b.archived, &b.removed)
+			return tx.QueryRow(ctx, sql, s.cfg.BatchSize, s.path).Scan(&b.selected, &b.archived, &b.removed)
 		})
 	})
+	if !safe && database.SQLState(err) == database.CodeUniqueViolation {
+		return batchResult{}, fmt.Errorf("%w: %w", errArchiveConflict, err)
+	}
 	if isNoPartition(err) {
 		months, merr := s.uncoveredMonths(ctx)
 		if merr != nil {

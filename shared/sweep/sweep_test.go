@@ -157,6 +157,44 @@ func TestRowAlreadyArchivedStillLeavesTheLiveTable(t *testing.T) {
 	require.Equal(t, ptr("ch_archived"), archiveRow(t, b.db.Pool, "idem:v1:dup-0").ResourceID, "the first archive row wins")
 }
 
+// Batches insert without ON CONFLICT until one meets an archive row that
+// exists: that batch moves nothing, runs again with the clause, and so does
+// the rest of the run. Rows of the fast batches and of the safe ones alike
+// leave the live table with exactly one archive row each.
+func TestAConflictLaterInTheRunSwitchesToTheSafeBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	base := time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Microsecond)
+	// GIVEN 6 expired rows, oldest first, whose fifth already has its archive
+	// row, and a new row after it
+	for i := range 7 {
+		key := fmt.Sprintf("idem:v1:k-%d", i)
+		at := base.Add(time.Duration(i) * time.Minute)
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: key, Status: 201, Response: map[string]any{"id": "ch_live"}, ExpiresAt: at})
+		if i == 4 {
+			dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ResourceID: ptr("ch_archived"), ExpiredAt: at})
+		}
+	}
+	var batches []sweep.Progress
+	// WHEN the sweeper runs in batches of 2
+	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 2, OnBatch: func(p sweep.Progress) { batches = append(batches, p) }}, nil, nil).Run(context.Background())
+
+	// THEN two fast batches moved 4 rows, the conflicting batch moved nothing
+	// and ran again with the clause, and the last row moved after it
+	require.NoError(t, err)
+	require.True(t, res.Drained)
+	require.Equal(t, int64(7), res.Moved)
+	require.Equal(t, int64(6), res.Archived)
+	require.Len(t, batches, 4, "the batch that met the conflict is not counted: it moved nothing")
+	require.Equal(t, int64(4), batches[1].Moved)
+	require.Equal(t, int64(6), batches[2].Moved)
+	require.Equal(t, int64(5), batches[2].Archived)
+	require.EqualValues(t, 0, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
+	require.EqualValues(t, 7, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+	require.Equal(t, ptr("ch_archived"), archiveRow(t, b.db.Pool, "idem:v1:k-4").ResourceID, "the first archive row wins")
+	require.Equal(t, ptr("ch_live"), archiveRow(t, b.db.Pool, "idem:v1:k-5").ResourceID)
+}
+
 func TestMissingPartition(t *testing.T) {
 	t.Parallel()
 	old := time.Date(2020, 3, 15, 12, 0, 0, 0, time.UTC)
