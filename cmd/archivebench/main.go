@@ -22,8 +22,9 @@
 // against, default 24,120), BENCH_LOOKUPS (lookups per case, default 2,000),
 // BENCH_FRESH_REQUESTS (requests per key shape, default 1,000),
 // BENCH_COLD_STARTS (emulator starts per function, default 5),
-// BENCH_TRAFFIC_OPS (register-and-complete operations with the sweeper
-// running and without it, each, default 40,000) and BENCH_TRAFFIC_BACKLOG
+// BENCH_TRAFFIC_OPS (register-and-complete operations of each closed-loop
+// case, with the sweeper running and without it, default 24,000; each
+// open-loop case runs half as many) and BENCH_TRAFFIC_BACKLOG
 // (expired live rows the sweeper works through beside that traffic, default
 // 500,000).
 package main
@@ -80,7 +81,7 @@ func sizesFromEnv(getenv func(string) string) (sizes, error) {
 		{"BENCH_LOOKUPS", &s.Lookups, 2_000},
 		{"BENCH_FRESH_REQUESTS", &s.FreshRequests, 1_000},
 		{"BENCH_COLD_STARTS", &s.ColdStarts, 5},
-		{"BENCH_TRAFFIC_OPS", &s.TrafficOps, 40_000},
+		{"BENCH_TRAFFIC_OPS", &s.TrafficOps, 24_000},
 		{"BENCH_TRAFFIC_BACKLOG", &s.TrafficBacklog, 500_000},
 	} {
 		*v.dst = v.def

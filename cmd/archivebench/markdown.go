@@ -71,10 +71,10 @@ func (r *report) tables() string {
 		w("\n")
 	}
 	if t := r.Traffic; t != nil {
-		w("### 6. Live traffic while sweeping: register-and-complete of fresh ULID keys (Postgres live store), %d writers, %s per case in %d rounds, beside %s expired live rows\n\n",
-			t.Writers, thousands(int64(t.Ops)), t.Rounds, thousands(int64(t.Backlog)))
-		w("| Case | ops/s | p50 ms | p99 ms | max ms | p99 per round ms | p99 vs no sweeper | sweeper rows/s | sweep batches | batch p95 ms | backlog reloads |\n")
-		w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		w("### 6. Live traffic while sweeping: register-and-complete of fresh ULID keys (Postgres live store), %d writers, %s per case in a closed loop and %s at an offered load, in %d rounds, beside %s expired live rows\n\n",
+			t.Writers, thousands(int64(t.Ops)), thousands(int64(t.OpenLoopOps)), t.Rounds, thousands(int64(t.Backlog)))
+		w("| Case | offered ops/s | ops/s | p50 ms | p99 ms | max ms | p99 per round ms | p99 vs no sweeper | sweeper rows/s | sweep batches | batch p95 ms | backlog reloads |\n")
+		w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, c := range t.Results {
 			var rounds []string
 			for _, l := range c.Rounds {
@@ -86,8 +86,12 @@ func (r *report) tables() string {
 				sweeper = thousands(int64(c.SweptRowsPerSec))
 				batches, p95, reloads = fmt.Sprint(c.SweepBatches), fmt.Sprintf("%.0f", c.SweepBatchP95MS), fmt.Sprint(c.SweepReloads)
 			}
-			w("| %s | %s | %.2f | %.2f | %.1f | %s | %.2fx | %s | %s | %s | %s |\n",
-				c.Case, thousands(int64(c.OpsPerSec)), c.P50MS, c.P99MS, c.MaxMS, strings.Join(rounds, " / "), c.P99VsBaseline,
+			offered := "closed loop"
+			if c.OfferedOpsPerSec > 0 {
+				offered = thousands(int64(c.OfferedOpsPerSec))
+			}
+			w("| %s | %s | %s | %.2f | %.2f | %.1f | %s | %.2fx | %s | %s | %s | %s |\n",
+				c.Case, offered, thousands(int64(c.OpsPerSec)), c.P50MS, c.P99MS, c.MaxMS, strings.Join(rounds, " / "), c.P99VsBaseline,
 				sweeper, batches, p95, reloads)
 		}
 		if c, ok := t.result(caseTrafficFlatOut); ok && t.SweepAloneRowsPerSec > 0 {
@@ -166,7 +170,10 @@ func (r *report) document(tables string) string {
 	w("The live table holds the same expired backlog (completed keys of the three shapes, expired over the last day) at the start of every run, reloaded, vacuumed, analyzed and checkpointed as for the sweep. ")
 	w("With the sweeper, `sweep.New(pool, sweep.Config{BatchSize: 10000, Pause: p}, partitions, nil).Run` runs in a loop from before the writers start (the timing begins after its first batch) until they finish, and is then canceled; had the backlog drained, it would have been loaded again (the reloads column). ")
 	w("p is sweep.DefaultPause (200 ms, what SWEEP_PAUSE defaults to, jittered by ±25%%) as deployed, or 0 flat out. ")
-	w("The sweeper's rows/s are the rows it moved while the writers ran over that time. The three cases run in rounds of alternating order (in order, then reversed) and each case's operations are pooled.\n\n")
+	w("The sweeper's rows/s are the rows it moved while the writers ran over that time. ")
+	w("In the closed-loop cases each writer starts its next operation when the last one ends, so the writers keep the machine's 2 cores saturated and any work beside them, the sweeper's included, takes its share of the CPU out of their latency. ")
+	w("In the open-loop cases (a database with headroom, as a payment API runs one) operations arrive at a quarter of the closed-loop baseline's throughput in the first round, operation n due at start + n/rate, and each is timed from when it was due, not from when a writer took it, so that time queued behind slow operations counts; the 'p99 vs no sweeper' of those cases is against the open-loop baseline. ")
+	w("The cases run in rounds of alternating order (the closed-loop cases, then the open-loop ones, each group in order, then reversed) and each case's operations are pooled.\n\n")
 	w("%s\n", compactMethod)
 	w("The fault tests (crashes, terminated backends, races, fuzzing) are tests, not figures: they run in `make test`, and `make fuzz` runs the fuzzers longer.\n")
 	return b.String()
@@ -230,11 +237,19 @@ func (r *report) targets(w func(string, ...any)) {
 		}
 	}
 	if t := r.Traffic; t != nil {
-		b, okB := t.result(caseTrafficAlone)
-		for _, name := range []string{caseTrafficDeployed, caseTrafficFlatOut} {
-			if c, ok := t.result(name); ok && okB {
-				w("- Live traffic while sweeping (%s), p99 of register-and-complete at most 1.25x without the sweeper: %.2fx (%s), %.2f ms against %.2f ms, with the sweeper moving %s rows/s.\n",
-					strings.TrimPrefix(name, "sweeper running "), c.P99VsBaseline, met(c.P99VsBaseline > 0 && c.P99VsBaseline <= 1.25), c.P99MS, b.P99MS, thousands(int64(c.SweptRowsPerSec)))
+		for _, name := range []string{caseTrafficDeployed, caseTrafficFlatOut, caseTrafficOpenDeployed} {
+			c, ok := t.result(name)
+			if !ok {
+				continue
+			}
+			if b, ok := t.result(c.Baseline); ok {
+				loop := "closed loop"
+				if c.OfferedOpsPerSec > 0 {
+					loop = fmt.Sprintf("open loop at %s ops/s", thousands(int64(c.OfferedOpsPerSec)))
+				}
+				w("- Live traffic while sweeping (%s, %s), p99 of register-and-complete at most 1.25x without the sweeper: %.2fx (%s), %.2f ms against %.2f ms, with the sweeper moving %s rows/s.\n",
+					strings.TrimPrefix(strings.TrimPrefix(name, "at a quarter of the baseline's throughput, "), "sweeper running "), loop,
+					c.P99VsBaseline, met(c.P99VsBaseline > 0 && c.P99VsBaseline <= 1.25), c.P99MS, b.P99MS, thousands(int64(c.SweptRowsPerSec)))
 			}
 		}
 	}

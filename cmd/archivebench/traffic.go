@@ -44,16 +44,21 @@ func summarize(ds []time.Duration) latency {
 // trafficResult is the writers without the sweeper, or beside it: every
 // round's operations pooled.
 type trafficResult struct {
-	Case      string  `json:"case"`
-	Sweeping  bool    `json:"sweeping"`
-	Seconds   float64 `json:"seconds"`
-	OpsPerSec float64 `json:"ops_per_sec"`
+	Case     string `json:"case"`
+	Sweeping bool   `json:"sweeping"`
+	// Baseline is the case without the sweeper that the ratios are over.
+	Baseline string `json:"baseline"`
+	// OfferedOpsPerSec is the arrival rate of an open-loop case (each
+	// operation starts at its scheduled time and is timed from it); 0 for
+	// a closed loop, whose writers start the next operation when one ends.
+	OfferedOpsPerSec float64 `json:"offered_ops_per_sec,omitempty"`
+	Seconds          float64 `json:"seconds"`
+	OpsPerSec        float64 `json:"ops_per_sec"`
 	latency
 	// Rounds is each round on its own, in the order they ran: how far two
 	// runs of the same case differ here.
 	Rounds []latency `json:"rounds"`
-	// P99VsBaseline and P50VsBaseline are this run's over the run without
-	// the sweeper.
+	// P99VsBaseline and P50VsBaseline are this run's over Baseline's.
 	P50VsBaseline float64 `json:"p50_vs_baseline"`
 	P99VsBaseline float64 `json:"p99_vs_baseline"`
 	// The sweeper beside the writers, within the writers' window (zero
@@ -81,8 +86,8 @@ type trafficRun struct {
 }
 
 // combineRuns pools the rounds of one case.
-func combineRuns(name string, sweeping bool, runs []trafficRun) trafficResult {
-	res := trafficResult{Case: name, Sweeping: sweeping, BacklogLeft: -1}
+func combineRuns(c trafficCase, runs []trafficRun) trafficResult {
+	res := trafficResult{Case: c.name, Sweeping: c.sweeping, Baseline: c.baseline, BacklogLeft: -1}
 	var all, batches []time.Duration
 	var elapsed time.Duration
 	for _, r := range runs {
@@ -105,36 +110,52 @@ func combineRuns(name string, sweeping bool, runs []trafficRun) trafficResult {
 	return res
 }
 
-// trafficCase is the writers alone, or beside the sweeper with a pause.
+// trafficCase is the writers alone, or beside the sweeper with a pause, in
+// a closed loop or at an offered load.
 type trafficCase struct {
 	name     string
 	sweeping bool
 	pause    time.Duration
+	// load, when not 0, makes the case an open loop: operations arrive at
+	// this fraction of the closed-loop baseline's throughput in the first
+	// round.
+	load float64
+	// baseline is the case without the sweeper this one is compared with.
+	baseline string
 }
 
-// trafficCases: the baseline, the sweeper as deployed (SWEEP_PAUSE's
-// default) and the sweeper flat out.
+// trafficCases: in a closed loop (the writers saturate the machine) the
+// baseline, the sweeper as deployed (SWEEP_PAUSE's default) and the sweeper
+// flat out; then at a quarter of the baseline's throughput (a database with
+// headroom, as a payment API runs it) the baseline and the sweeper as
+// deployed. The closed-loop cases come first: the open ones take their rate
+// from the first baseline run.
 var trafficCases = []trafficCase{
-	{name: caseTrafficAlone},
-	{name: caseTrafficDeployed, sweeping: true, pause: sweep.DefaultPause},
-	{name: caseTrafficFlatOut, sweeping: true},
+	{name: caseTrafficAlone, baseline: caseTrafficAlone},
+	{name: caseTrafficDeployed, sweeping: true, pause: sweep.DefaultPause, baseline: caseTrafficAlone},
+	{name: caseTrafficFlatOut, sweeping: true, baseline: caseTrafficAlone},
+	{name: caseTrafficOpenAlone, load: trafficOpenLoad, baseline: caseTrafficOpenAlone},
+	{name: caseTrafficOpenDeployed, sweeping: true, pause: sweep.DefaultPause, load: trafficOpenLoad, baseline: caseTrafficOpenAlone},
 }
 
 // roundOrder is the order of the cases (indexes into trafficCases) in round
-// i: in order in even rounds, reversed in odd ones (ABBA), so that a drift
-// of the machine over the run weighs on all alike.
+// i: the closed-loop cases, then the open-loop ones, each group in order in
+// even rounds and reversed in odd ones (ABBA), so that a drift of the
+// machine over the run weighs on all alike. Round 0 starts with the
+// closed-loop baseline, whose throughput sets the open-loop rate.
 func roundOrder(i int) []int {
 	if i%2 == 0 {
-		return []int{0, 1, 2}
+		return []int{0, 1, 2, 3, 4}
 	}
-	return []int{2, 1, 0}
+	return []int{2, 1, 0, 4, 3}
 }
 
 type trafficSection struct {
-	Ops     int `json:"ops"` // per case, over every round
-	Rounds  int `json:"rounds"`
-	Writers int `json:"writers"`
-	Backlog int `json:"backlog_rows"`
+	Ops         int `json:"ops"`           // per closed-loop case, over every round
+	OpenLoopOps int `json:"open_loop_ops"` // per open-loop case, over every round
+	Rounds      int `json:"rounds"`
+	Writers     int `json:"writers"`
+	Backlog     int `json:"backlog_rows"`
 	// SweepAloneRowsPerSec is the sweeper over the same backlog with no
 	// traffic, for the cost the other way round.
 	SweepAloneRowsPerSec float64         `json:"sweep_alone_rows_per_sec"`
@@ -148,9 +169,15 @@ const (
 	trafficWarmup  = 200 // untimed ops before each run, across the writers
 	trafficTTL     = 24 * time.Hour
 
-	caseTrafficAlone    = "no sweeper (baseline)"
-	caseTrafficDeployed = "sweeper running as deployed (shared/sweep, batch 10,000, SWEEP_PAUSE 200ms)"
-	caseTrafficFlatOut  = "sweeper running flat out (shared/sweep, batch 10,000, no pause)"
+	// trafficOpenLoad is the open-loop cases' arrival rate, as a fraction
+	// of the closed-loop baseline's throughput.
+	trafficOpenLoad = 0.25
+
+	caseTrafficAlone        = "no sweeper (baseline)"
+	caseTrafficDeployed     = "sweeper running as deployed (shared/sweep, batch 10,000, SWEEP_PAUSE 200ms)"
+	caseTrafficFlatOut      = "sweeper running flat out (shared/sweep, batch 10,000, no pause)"
+	caseTrafficOpenAlone    = "at a quarter of the baseline's throughput, no sweeper (baseline)"
+	caseTrafficOpenDeployed = "at a quarter of the baseline's throughput, sweeper running as deployed (SWEEP_PAUSE 200ms)"
 )
 
 // benchTraffic times register-and-complete of fresh ULID keys through the
@@ -173,26 +200,45 @@ func benchTraffic(ctx context.Context, base string, ops, backlog int, p *progres
 
 	runs := make([][]trafficRun, len(trafficCases))
 	perRound := max(ops/trafficRounds, 1)
+	// The open-loop cases run half as many operations: at a quarter of
+	// the rate they would take four times as long.
+	openPerRound := max(perRound/2, 1)
+	var rate float64 // the closed-loop baseline's throughput in round 0
 	for round := 0; round < trafficRounds; round++ {
 		for _, i := range roundOrder(round) {
 			c := trafficCases[i]
 			name := c.name
+			n, interval := perRound, time.Duration(0)
+			if c.load > 0 {
+				if rate <= 0 {
+					return sec, errors.New("an open-loop case ran before the closed-loop baseline")
+				}
+				n, interval = openPerRound, time.Duration(float64(time.Second)/(rate*c.load))
+			}
 			p.Step("traffic: round %d/%d: reload %d expired live rows for %s", round+1, trafficRounds, backlog, name)
 			if err := reloadTrafficLive(ctx, db); err != nil {
 				return sec, err
 			}
-			p.Step("traffic: round %d/%d: %d register-and-complete, %d writers, %s", round+1, trafficRounds, perRound, trafficWriters, name)
-			run, err := runTraffic(ctx, db, parts, perRound, c, p)
+			p.Step("traffic: round %d/%d: %d register-and-complete, %d writers, %s", round+1, trafficRounds, n, trafficWriters, name)
+			run, err := runTraffic(ctx, db, parts, n, interval, c, p)
 			if err != nil {
 				return sec, fmt.Errorf("%s: %w", name, err)
+			}
+			if i == 0 && round == 0 {
+				rate = float64(len(run.times)) / run.elapsed.Seconds()
 			}
 			runs[i] = append(runs[i], run)
 		}
 	}
 	sec.Ops = perRound * trafficRounds
+	sec.OpenLoopOps = openPerRound * trafficRounds
 	sec.Rounds = trafficRounds
 	for i, c := range trafficCases {
-		sec.Results = append(sec.Results, combineRuns(c.name, c.sweeping, runs[i]))
+		res := combineRuns(c, runs[i])
+		if c.load > 0 {
+			res.OfferedOpsPerSec = rate * c.load
+		}
+		sec.Results = append(sec.Results, res)
 	}
 
 	// The sweeper alone over the same backlog: its rate beside the traffic
@@ -214,9 +260,11 @@ func benchTraffic(ctx context.Context, base string, ops, backlog int, p *progres
 	}
 	sec.SweepAloneRowsPerSec = float64(r.Moved) / time.Since(t0).Seconds()
 
-	for i := range sec.Results {
-		sec.Results[i].P50VsBaseline = ratio(sec.Results[i].P50MS, sec.Results[0].P50MS)
-		sec.Results[i].P99VsBaseline = ratio(sec.Results[i].P99MS, sec.Results[0].P99MS)
+	for i, r := range sec.Results {
+		if b, ok := sec.result(r.Baseline); ok {
+			sec.Results[i].P50VsBaseline = ratio(r.P50MS, b.P50MS)
+			sec.Results[i].P99VsBaseline = ratio(r.P99MS, b.P99MS)
+		}
 	}
 	return sec, nil
 }
@@ -327,8 +375,10 @@ func batchesWithin(times []time.Duration, ends []time.Time, from, to time.Time) 
 }
 
 // runTraffic runs ops register-and-complete operations split over the
-// writers, beside the sweeper when sweeping, and times each.
-func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops int, c trafficCase, p *progress) (trafficRun, error) {
+// writers, beside the sweeper when sweeping, and times each: in a closed
+// loop when interval is 0, else one arriving every interval (see
+// runWriters).
+func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops int, interval time.Duration, c trafficCase, p *progress) (trafficRun, error) {
 	var res trafficRun
 	store := livestore.NewPostgres(db.Pool)
 
@@ -342,7 +392,7 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 	}
 
 	// Warm up the writers' connections and the store's lease, untimed.
-	if err := runWriters(ctx, store, trafficWarmup, 1000, nil); err != nil {
+	if err := runWriters(ctx, store, trafficWarmup, 1000, 0, nil); err != nil {
 		return res, fmt.Errorf("warm-up: %w", err)
 	}
 	if c.sweeping {
@@ -379,7 +429,7 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 		movedAtStart = loop.moved.Load()
 	}
 	t0 := time.Now()
-	werr := runWriters(ctx, store, ops, 2000, record)
+	werr := runWriters(ctx, store, ops, 2000, interval, record)
 	t1 := time.Now()
 	var movedAtEnd int64
 	if loop != nil {
@@ -410,22 +460,40 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 // runWriters runs ops register-and-complete operations of fresh ULID
 // keys over trafficWriters goroutines (each its own key generator, seeded
 // from seed), passing each operation's time to record when it is not nil.
-func runWriters(ctx context.Context, store *livestore.Postgres, ops int, seed uint64, record func(time.Duration)) error {
+// With interval 0 the loop is closed: a writer starts the next operation as
+// soon as its last one ends. Otherwise operation n is due at start +
+// n*interval: the writer that takes it waits until then, and its time runs
+// from when it was due, not from when a writer got to it, so that time spent
+// queued behind slow operations counts (no coordinated omission).
+func runWriters(ctx context.Context, store *livestore.Postgres, ops int, seed uint64, interval time.Duration, record func(time.Duration)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var next atomic.Int64
 	errs := make(chan error, trafficWriters)
 	var wg sync.WaitGroup
+	start := time.Now()
 	for w := 0; w < trafficWriters; w++ {
 		wg.Add(1)
 		go func(g *keyGen) {
 			defer wg.Done()
-			for next.Add(1) <= int64(ops) {
+			for {
+				n := next.Add(1)
+				if n > int64(ops) {
+					return
+				}
+				var due time.Time
+				if interval > 0 {
+					due = start.Add(time.Duration(n-1) * interval)
+					time.Sleep(time.Until(due))
+				}
 				d, err := registerAndComplete(ctx, store, g)
 				if err != nil {
 					errs <- err
 					cancel()
 					return
+				}
+				if interval > 0 {
+					d = time.Since(due)
 				}
 				if record != nil {
 					record(d)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -37,9 +38,28 @@ func TestBatchesWithin(t *testing.T) {
 
 func TestRoundOrderAlternates(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []int{0, 1, 2}, roundOrder(0))
-	require.Equal(t, []int{2, 1, 0}, roundOrder(1))
-	require.Equal(t, []int{0, 1, 2}, roundOrder(2))
+	require.Equal(t, []int{0, 1, 2, 3, 4}, roundOrder(0))
+	require.Equal(t, []int{2, 1, 0, 4, 3}, roundOrder(1))
+	require.Equal(t, []int{0, 1, 2, 3, 4}, roundOrder(2))
+	for round := range 2 {
+		order := roundOrder(round)
+		require.ElementsMatch(t, []int{0, 1, 2, 3, 4}, order, "every case runs once a round")
+		seenClosed := false
+		for _, i := range order {
+			if trafficCases[i].load == 0 {
+				seenClosed = true
+			}
+			// An open-loop case takes its rate from the closed-loop
+			// baseline of round 0, so it must come after it.
+			require.False(t, round == 0 && trafficCases[i].load > 0 && !seenClosed)
+		}
+	}
+	require.Equal(t, 0, roundOrder(0)[0], "round 0 starts with the closed-loop baseline")
+	for _, c := range trafficCases {
+		b := trafficCases[slices.IndexFunc(trafficCases, func(b trafficCase) bool { return b.name == c.baseline })]
+		require.False(t, b.sweeping, "%s is compared with a case without the sweeper", c.name)
+		require.Equal(t, c.load, b.load, "%s is compared with a case at the same load", c.name)
+	}
 }
 
 func TestCombineRuns(t *testing.T) {
@@ -49,8 +69,9 @@ func TestCombineRuns(t *testing.T) {
 		{times: []time.Duration{1 * ms, 2 * ms}, elapsed: time.Second, swept: 30_000, batches: []time.Duration{100 * ms, 300 * ms}, backlogLeft: 400_000},
 		{times: []time.Duration{3 * ms, 10 * ms}, elapsed: time.Second, swept: 10_000, batches: []time.Duration{200 * ms}, reloads: 1, backlogLeft: 90_000},
 	}
-	c := combineRuns("x", true, runs)
+	c := combineRuns(trafficCase{name: "x", sweeping: true, baseline: "b"}, runs)
 	require.Equal(t, "x", c.Case)
+	require.Equal(t, "b", c.Baseline)
 	require.True(t, c.Sweeping)
 	require.Equal(t, 4, c.Ops)
 	require.InDelta(t, 2, c.P50MS, 1e-9)
@@ -67,24 +88,30 @@ func TestCombineRuns(t *testing.T) {
 	require.InDelta(t, 2, c.Rounds[0].P99MS, 1e-9)
 	require.InDelta(t, 10, c.Rounds[1].P99MS, 1e-9)
 
-	empty := combineRuns("none", false, nil)
+	empty := combineRuns(trafficCase{name: "none"}, nil)
 	require.Zero(t, empty.OpsPerSec)
 	require.Zero(t, empty.Ops)
 }
 
 func TestTrafficRendering(t *testing.T) {
 	t.Parallel()
-	r := report{Traffic: &trafficSection{Ops: 4, Rounds: 2, Writers: 4, Backlog: 500_000, SweepAloneRowsPerSec: 60_000, Results: []trafficResult{
-		{Case: caseTrafficAlone, latency: latency{P99MS: 4}, P99VsBaseline: 1},
-		{Case: caseTrafficDeployed, Sweeping: true, latency: latency{P99MS: 4.8}, P99VsBaseline: 1.2, SweptRowsPerSec: 9_000, BacklogLeft: 350_000},
-		{Case: caseTrafficFlatOut, Sweeping: true, latency: latency{P99MS: 6}, P99VsBaseline: 1.5, SweptRowsPerSec: 15_000, BacklogLeft: 300_000},
+	r := report{Traffic: &trafficSection{Ops: 4, OpenLoopOps: 2, Rounds: 2, Writers: 4, Backlog: 500_000, SweepAloneRowsPerSec: 60_000, Results: []trafficResult{
+		{Case: caseTrafficAlone, Baseline: caseTrafficAlone, latency: latency{P99MS: 4}, P99VsBaseline: 1},
+		{Case: caseTrafficDeployed, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 4.8}, P99VsBaseline: 1.2, SweptRowsPerSec: 9_000, BacklogLeft: 350_000},
+		{Case: caseTrafficFlatOut, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 6}, P99VsBaseline: 1.5, SweptRowsPerSec: 15_000, BacklogLeft: 300_000},
+		{Case: caseTrafficOpenAlone, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, latency: latency{P99MS: 2}, P99VsBaseline: 1},
+		{Case: caseTrafficOpenDeployed, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, Sweeping: true, latency: latency{P99MS: 2.2}, P99VsBaseline: 1.1, SweptRowsPerSec: 12_000},
 	}}}
 	tables := r.tables()
 	require.Contains(t, tables, "### 6. Live traffic while sweeping")
+	require.Contains(t, tables, "4 per case in a closed loop and 2 at an offered load")
 	require.Contains(t, tables, "| 1.50x | 15,000 |")
+	require.Contains(t, tables, "| "+caseTrafficOpenDeployed+" | 2,400 |")
+	require.Contains(t, tables, "| "+caseTrafficAlone+" | closed loop |")
 	require.Contains(t, tables, "kept 25% of that")
 	var b []byte
 	r.targets(func(f string, a ...any) { b = fmt.Appendf(b, f, a...) })
-	require.Contains(t, string(b), "(flat out (shared/sweep, batch 10,000, no pause)), p99 of register-and-complete at most 1.25x without the sweeper: 1.50x (**not met**), 6.00 ms against 4.00 ms")
+	require.Contains(t, string(b), "(flat out (shared/sweep, batch 10,000, no pause), closed loop), p99 of register-and-complete at most 1.25x without the sweeper: 1.50x (**not met**), 6.00 ms against 4.00 ms")
 	require.Contains(t, string(b), "1.20x (met), 4.80 ms against 4.00 ms, with the sweeper moving 9,000 rows/s")
+	require.Contains(t, string(b), "(as deployed (SWEEP_PAUSE 200ms), open loop at 2,400 ops/s), p99 of register-and-complete at most 1.25x without the sweeper: 1.10x (met), 2.20 ms against 2.00 ms, with the sweeper moving 12,000 rows/s")
 }
