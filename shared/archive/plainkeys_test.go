@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/partition"
@@ -257,30 +258,68 @@ func TestAReattachedMonthsKeysAreFound(t *testing.T) {
 	require.Equal(t, 201, rec.Status)
 }
 
-// The trigger inserts entries without ON CONFLICT first and falls back to it
-// on a unique violation: an entry that exists already (its archive row was
-// deleted and is inserted again) neither fails the archive insert nor keeps
-// the statement's other rows from getting theirs.
+// In a transaction that archives in bulk (idemarchive.bulk_archive, set by
+// the sweeper) the trigger inserts entries without ON CONFLICT first and
+// falls back to it on a unique violation; elsewhere it inserts with ON
+// CONFLICT directly. Either way an entry that exists already (its archive row
+// was deleted and is inserted again) neither fails the archive insert nor
+// keeps the statement's other rows from getting theirs.
 func TestAnEntryThatExistsAlreadyKeepsTheInsertWhole(t *testing.T) {
+	t.Parallel()
+	for _, bulk := range []string{"on", "off"} {
+		t.Run("bulk "+bulk, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			at := time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)
+			dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:again", Status: 201, ExpiredAt: at})
+			_, err := b.db.Pool.Exec(ctx, "DELETE FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:again'")
+			require.NoError(t, err)
+			require.EqualValues(t, 1, plainRows(t, b.db.Pool, "idem:v1:again"), "deleting an archive row leaves its entry")
+
+			// One statement: the row inserted again, and two new ones.
+			sweeper := b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole))
+			err = database.InTx(ctx, sweeper, map[string]string{"idemarchive.bulk_archive": bulk}, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+					SELECT k, '\x00', 201, $1::timestamptz - interval '1 day', $1
+					  FROM unnest(ARRAY['idem:v1:new-a', 'idem:v1:again', 'idem:v1:new-b']) AS k`, at)
+				return err
+			})
+			require.NoError(t, err)
+			for _, key := range []string{"idem:v1:again", "idem:v1:new-a", "idem:v1:new-b"} {
+				require.EqualValues(t, 1, plainRows(t, b.db.Pool, key), key)
+				rec, err := newReader(t, b.reader, nil).Lookup(ctx, key, nil)
+				require.NoError(t, err, key)
+				require.Equal(t, at, rec.ExpiredAt)
+			}
+		})
+	}
+}
+
+// The plain insert runs in a subtransaction, which takes a transaction id of
+// its own: only a bulk transaction pays for it. A single row archived at
+// completion (the Redis store) writes its entry in the transaction's own id.
+func TestOnlyBulkArchivingTakesASubtransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	at := time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)
-	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:again", Status: 201, ExpiredAt: at})
-	_, err := b.db.Pool.Exec(ctx, "DELETE FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:again'")
-	require.NoError(t, err)
-	require.EqualValues(t, 1, plainRows(t, b.db.Pool, "idem:v1:again"), "deleting an archive row leaves its entry")
-
-	// One statement: the row inserted again, and two new ones.
 	sweeper := b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole))
-	_, err = sweeper.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
-		SELECT k, '\x00', 201, $1::timestamptz - interval '1 day', $1
-		  FROM unnest(ARRAY['idem:v1:new-a', 'idem:v1:again', 'idem:v1:new-b']) AS k`, at)
-	require.NoError(t, err)
-	for _, key := range []string{"idem:v1:again", "idem:v1:new-a", "idem:v1:new-b"} {
-		require.EqualValues(t, 1, plainRows(t, b.db.Pool, key), key)
-		rec, err := newReader(t, b.reader, nil).Lookup(ctx, key, nil)
-		require.NoError(t, err, key)
-		require.Equal(t, at, rec.ExpiredAt)
+	at := time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)
+	sameXID := func(key, bulk string) bool {
+		t.Helper()
+		err := database.InTx(ctx, sweeper, map[string]string{"idemarchive.bulk_archive": bulk}, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+				VALUES ($1, '\x00', 201, $2::timestamptz - interval '1 day', $2)`, key, at)
+			return err
+		})
+		require.NoError(t, err)
+		var same bool
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT a.xmin::text = p.xmin::text
+			  FROM idempotency_key_archive a, idempotency_archive_plain_keys p
+			 WHERE a.scoped_key = $1 AND p.key_hash = idempotency_key_hash($1)`, key).Scan(&same))
+		return same
 	}
+	require.True(t, sameXID("idem:v1:single", ""), "no setting: no subtransaction")
+	require.True(t, sameXID("idem:v1:single-off", "off"))
+	require.False(t, sameXID("idem:v1:bulk", "on"), "a bulk transaction tries the plain insert in a subtransaction")
 }

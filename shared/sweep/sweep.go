@@ -42,6 +42,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,7 +66,7 @@ const conflictClause = "ON CONFLICT (scoped_key, expired_at) DO NOTHING"
 // the batch is one statement in one transaction, so when an archive row
 // already exists the unique violation fails the whole statement, which then
 // has deleted and archived nothing; the sweeper runs the same batch again
-// with batchSQL, and uses batchSQL for the rest of the run. No row can leave
+// with batchSQL, and uses batchSQL for the next safeFor. No row can leave
 // the live table without its archive row, and none is stuck behind a
 // conflict.
 var fastBatchSQL = withoutConflictClause(batchSQL)
@@ -249,7 +250,11 @@ type Result struct {
 	// store, or by an earlier run).
 	Archived int64 `json:"archived"`
 	Batches  int   `json:"batches"`
-	Drained  bool  `json:"drained"`
+	// ConflictRetries counts the batches that met an archive row that
+	// existed already while inserting without ON CONFLICT, moved nothing and
+	// ran again with it (not counted in Batches).
+	ConflictRetries int  `json:"conflict_retries"`
+	Drained         bool `json:"drained"`
 	// Stopped says why the run ended: drained, deadline, max_duration, canceled.
 	Stopped string `json:"stopped"`
 	// Backlog is the number of expired rows still live after the run, capped at
@@ -339,7 +344,16 @@ type Sweeper struct {
 	partitions PartitionEnsurer
 	metrics    *metrics.Emitter
 	sleep      func(context.Context, time.Duration) error
+	// safeUntil (Unix nanoseconds) is when runs go back to fastBatchSQL
+	// after a conflict: a source of conflicts (rows restored into the live
+	// table, a Redis store archiving the same keys) tends to last, and a
+	// warm Lambda function reuses its Sweeper.
+	safeUntil atomic.Int64
 }
+
+// safeFor is how long a Sweeper inserts with the conflict clause after a
+// batch met a conflict.
+const safeFor = time.Hour
 
 // New validates cfg (after defaults) and returns a Sweeper. partitions may be
 // nil, in which case a missing partition is always an error; emitter may be nil.
@@ -367,7 +381,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	start := time.Now()
 	res.PartitionsCreated = []string{}
 	res.Backlog = -1
-	var noBatch *DeadlineError // set when the deadline stopped the run before any batch
+	var noBatch *DeadlineError // set when the deadline stopped the run before any batch was tried
 	defer func() {
 		res.DurationMS = time.Since(start).Milliseconds()
 		// Count the backlog even when the run was cut short: it is the figure
@@ -388,15 +402,15 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		s.metrics.Emit(values...)
 	}()
 
-	raced := 0    // consecutive batches whose missing partition appeared meanwhile
-	safe := false // whether batches insert with the conflict clause
+	raced := 0                                         // consecutive batches whose missing partition appeared meanwhile
+	safe := time.Now().UnixNano() < s.safeUntil.Load() // whether batches insert with the conflict clause
 	for {
 		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
 			res.Stopped = stop
 			if stop == StoppedCanceled {
 				return res, canceled(ctx, res)
 			}
-			if stop == StoppedDeadline && res.Batches == 0 {
+			if stop == StoppedDeadline && res.Batches == 0 && res.ConflictRetries == 0 {
 				deadline, _ := ctx.Deadline()
 				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin}
 			}
@@ -404,9 +418,11 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		}
 		b, err := s.batch(ctx, safe)
 		if errors.Is(err, errArchiveConflict) {
-			// Nothing moved: the same batch again, and the rest of the run,
-			// skip the rows whose archive rows exist.
+			// Nothing moved: the same batch again, and the batches of the
+			// next safeFor, skip the rows whose archive rows exist.
 			safe = true
+			s.safeUntil.Store(time.Now().Add(safeFor).UnixNano())
+			res.ConflictRetries++
 			continue
 		}
 		var missing *MissingPartitionError
@@ -514,6 +530,9 @@ func (s *Sweeper) batch(ctx context.Context, safe bool) (batchResult, error) {
 		// Plan with the real batch size every time: a generic plan guesses
 		// the LIMIT and may pick a sequential scan of the live table.
 		"plan_cache_mode": "force_custom_plan",
+		// The plain-key trigger tries a plain insert first in a
+		// transaction that archives in bulk (migration 007).
+		"idemarchive.bulk_archive": "on",
 	}
 	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error {
 		return database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {

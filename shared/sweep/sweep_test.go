@@ -193,6 +193,69 @@ func TestAConflictLaterInTheRunSwitchesToTheSafeBatch(t *testing.T) {
 	require.EqualValues(t, 7, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 	require.Equal(t, ptr("ch_archived"), archiveRow(t, b.db.Pool, "idem:v1:k-4").ResourceID, "the first archive row wins")
 	require.Equal(t, ptr("ch_live"), archiveRow(t, b.db.Pool, "idem:v1:k-5").ResourceID)
+	require.Equal(t, 1, res.ConflictRetries)
+}
+
+// After a conflict the same Sweeper (a warm Lambda function's) keeps the
+// conflict clause for its next runs: a lasting source of conflicts costs one
+// wasted batch, not one a run.
+func TestAfterAConflictLaterRunsStartSafe(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	past := time.Now().UTC().Add(-time.Hour).Truncate(time.Microsecond)
+	s := newSweeper(t, b.sweeper, sweep.Config{}, nil, nil)
+	for run := range 3 {
+		key := fmt.Sprintf("idem:v1:restored-%d", run)
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: key, Status: 201, ExpiresAt: past})
+		dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: past})
+		res, err := s.Run(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, int64(1), res.Moved)
+		require.Zero(t, res.Archived)
+		require.Equal(t, map[bool]int{true: 1, false: 0}[run == 0], res.ConflictRetries, "run %d", run)
+	}
+	// A new Sweeper starts on the fast path again.
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:restored-new", Status: 201, ExpiresAt: past})
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:restored-new", Status: 201, ExpiredAt: past})
+	res, err := newSweeper(t, b.sweeper, sweep.Config{}, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.ConflictRetries)
+}
+
+// A run whose only batch met a conflict and whose deadline then came did
+// try a batch: it is not reported as a run that could start none (which
+// would send an operator to the function's timeout).
+func TestADeadlineAfterAConflictIsNotNoBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	past := time.Now().UTC().Add(-time.Hour).Truncate(time.Microsecond)
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:held", Status: 201, ExpiresAt: past})
+	// GIVEN an archive insert of the same key, uncommitted: the batch's
+	// insert waits for it, then conflicts once it commits
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:held', '\x00', 201, $1::timestamptz - interval '1 day', $1)`, past)
+	require.NoError(t, err)
+	committed := make(chan error, 1)
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		committed <- holder.Commit(ctx)
+	}()
+
+	// WHEN the deadline margin is crossed while the batch waits
+	runCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	res, err := newSweeper(t, b.sweeper, sweep.Config{DeadlineMargin: 2 * time.Second, LockTimeout: 5 * time.Second}, nil, nil).Run(runCtx)
+
+	// THEN the run stops at the deadline without a "started no batch" error
+	require.NoError(t, <-committed)
+	require.NoError(t, err)
+	require.Equal(t, sweep.StoppedDeadline, res.Stopped)
+	require.Zero(t, res.Batches)
+	require.Equal(t, 1, res.ConflictRetries)
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"), "the row waits for the next run")
 }
 
 func TestMissingPartition(t *testing.T) {

@@ -31,19 +31,27 @@ SELECT CASE length(split_part(scoped_key, ':', -1))
        END
 $$;
 
--- 2. The trigger inserts without ON CONFLICT first. Speculative insertion
--- costs an extra probe, WAL record and buffer lock a row (3.4 µs a row here),
--- and an entry rarely exists already: the archive's primary key keeps a
--- statement from inserting a key and expiry twice, so an entry exists only
--- when the row was deleted from the archive and inserted again, when two keys'
--- 64-bit hashes collide at the same expiry, or when an owner's UPDATE leaves
--- a row's key and expiry as they were. Why this is safe (the invariant): the
--- first INSERT runs in a block with an exception handler, a subtransaction,
--- so a unique violation undoes all of it, and the handler inserts the same
--- rows again with ON CONFLICT DO NOTHING. Either way every row of the
--- statement has its entry when the trigger returns, and the archive insert
--- never fails for an entry that exists. One subtransaction a statement, not
--- a row.
+-- 2. In a sweep batch, the trigger inserts without ON CONFLICT first.
+-- Speculative insertion costs an extra probe, WAL record and buffer lock a
+-- row (3.4 µs a row here), and an entry rarely exists already: the archive's
+-- primary key keeps a statement from inserting a key and expiry twice, so an
+-- entry exists only when the row was deleted from the archive and inserted
+-- again, when two keys' 64-bit hashes collide at the same expiry, or when an
+-- owner's UPDATE leaves a row's key and expiry as they were. Why this is safe
+-- (the invariant): the first INSERT runs in a block with an exception
+-- handler, a subtransaction, so a unique violation undoes all of it, and the
+-- handler inserts the same rows again with ON CONFLICT DO NOTHING. Either way
+-- every row of the statement has its entry when the trigger returns, and the
+-- archive insert never fails for an entry that exists.
+--
+-- The subtransaction takes a transaction id of its own, one a statement: a
+-- cost only a statement of many rows repays. So the plain insert is tried
+-- only when the transaction says it archives in bulk (the sweeper sets
+-- idemarchive.bulk_archive to 'on' for its batch transactions); every other
+-- statement (a Redis store's single row at completion, an UPDATE, an
+-- operator's script of many small INSERTs) inserts with ON CONFLICT DO
+-- NOTHING directly, as under migration 006. Any session may set the
+-- setting: it only chooses between two paths that both record every row.
 CREATE OR REPLACE FUNCTION idempotency_index_plain_keys() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
@@ -53,11 +61,15 @@ DECLARE
            FROM archived_rows
           WHERE NOT %1$I.idempotency_key_has_time(scoped_key)', TG_TABLE_SCHEMA);
 BEGIN
-    BEGIN
-        EXECUTE entries;
-    EXCEPTION WHEN unique_violation THEN
-        EXECUTE entries || ' ON CONFLICT DO NOTHING';
-    END;
+    IF TG_OP = 'INSERT' AND current_setting('idemarchive.bulk_archive', true) = 'on' THEN
+        BEGIN
+            EXECUTE entries;
+            RETURN NULL;
+        EXCEPTION WHEN unique_violation THEN
+            NULL; -- an entry exists: insert them all again, below
+        END;
+    END IF;
+    EXECUTE entries || ' ON CONFLICT DO NOTHING';
     RETURN NULL;
 END
 $$;
