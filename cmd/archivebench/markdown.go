@@ -159,7 +159,7 @@ func (r *report) document(tables string) string {
 	w("1. **Sweep.** The live rows (completed keys, a third ULID, a third UUIDv7, a third plain; a stored JSON charge with its id) are generated once into an unlogged table; before each contender the live table and the archive are emptied, the live table refilled from it in expiry order, vacuumed, analyzed and checkpointed. ")
 	w("Contenders run one after another: the project's sweeper (`sweep.New(pool, sweep.Config{BatchSize: 10000, Pause: 0}, partitions, nil).Run`, batch times from `Config.OnBatch`), the runbook's Step 2 statement verbatim in its loop until it moves nothing (its DELETE joins on what the INSERT returned, so rows that conflict with existing archive rows would never leave; the archive starts empty, so none conflict), and one unbatched `WITH moved AS (DELETE ... RETURNING) INSERT ... SELECT`. ")
 	w("WAL bytes are `pg_wal_lsn_diff` of `pg_current_wal_lsn()` around each contender; with full_page_writes off they exclude full-page images, which add to every figure after each checkpoint on a durable server. Autovacuum is off on the bench's tables so that no vacuum lands inside one contender's timing.\n")
-	w("2. **Lookup.** Each monthly partition holds the configured rows (expired in that month, created a day earlier, keys of the three shapes); the larger set adds older months to the same archive. ")
+	w("2. **Lookup.** Each monthly partition holds the configured rows (expired in that month, created a day earlier, keys of the three shapes); the larger set adds older months to the same archive; after each set is loaded, `VACUUM (ANALYZE)` of the archive and idempotency_archive_plain_keys settles it as a real archive's old months are (and keeps autovacuum from working beside the timed lookups). ")
 	w("Each case alternates `archive.NewReader(pool, archive.Config{}, nil).Lookup` with the naive `SELECT ... FROM idempotency_key_archive WHERE scoped_key = $1`, after 50 warm-up lookups. ")
 	w("Relation locks: on a connection that has run the statement 8 times, inside a transaction, each of the Reader's statements (`Reader.LookupStatements`: for a key without a timestamp the read of idempotency_archive_plain_keys, then, when it found the key, the archive between the bounds it gave; for a key with a timestamp the archive, then the proof of its bounds on idempotency_writers, whose table and primary key are two of the locks counted) or the naive one, then `count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'` (pg_locks itself not counted), summed over the statements; relations read: tables and partitions in their EXPLAIN plans, summed; both the mean over 10 keys of the case. ")
 	w("The naive statement settles on a generic plan after five runs, whose executor locks only the relations it scans; the Reader's statement stays on custom plans, whose planner also locks every index of each partition it reads.\n")
@@ -222,11 +222,18 @@ func (r *report) targets(w func(string, ...any)) {
 		last := len(l.Sets) - 1
 		parts := l.Sets[last].Partitions
 		if c, ok := l.result(last, caseTSFound); ok {
-			w("- Timestamped keys at %d partitions, p99 at or under 1 ms: %.2f ms (%s); at most 4 relation locks: %.1f (%s).\n",
+			w("- Timestamped keys that expired in the last two months (a late retry) at %d partitions, p99 at or under 1 ms: %.2f ms (%s); at most 4 relation locks: %.1f (%s).\n",
 				parts, c.ReaderP99MS, met(c.ReaderP99MS <= 1), c.ReaderLocks, met(c.ReaderLocks <= 4))
 		}
 		if c, ok := l.result(last, caseTSNotFound); ok {
 			w("- Timestamped keys minted now (the fresh-key path) at %d partitions: p99 %.2f ms (%s), %.1f relation locks (%s).\n",
+				parts, c.ReaderP99MS, met(c.ReaderP99MS <= 1), c.ReaderLocks, met(c.ReaderLocks <= 4))
+		}
+		if c, ok := l.result(last, caseTSFoundOld); ok {
+			// A key first used long after it was minted expires long after
+			// its timestamp, so an old key's lookup reads every month from
+			// its own to now: the rare retry years late pays for that.
+			w("- Timestamped keys from any month of the archive at %d partitions (a retry up to years late; each reads the months from its own to now): p99 %.2f ms (%s), %.1f relation locks (%s).\n",
 				parts, c.ReaderP99MS, met(c.ReaderP99MS <= 1), c.ReaderLocks, met(c.ReaderLocks <= 4))
 		}
 		for _, name := range []string{casePlainFound, casePlainNotFound} {
