@@ -49,11 +49,15 @@ type trafficResult struct {
 	// Baseline is the case without the sweeper that the ratios are over.
 	Baseline string `json:"baseline"`
 	// OfferedOpsPerSec is the arrival rate of an open-loop case (each
-	// operation starts at its scheduled time and is timed from it); 0 for
-	// a closed loop, whose writers start the next operation when one ends.
+	// operation is due at its scheduled time); 0 for a closed loop, whose
+	// writers start the next operation when one ends.
 	OfferedOpsPerSec float64 `json:"offered_ops_per_sec,omitempty"`
-	Seconds          float64 `json:"seconds"`
-	OpsPerSec        float64 `json:"ops_per_sec"`
+	// StartLagP99MS, in an open-loop case, is the p99 of how late the
+	// operations started after they were due: the load generator's timer
+	// precision, and any wait for a free writer. Not part of the latency.
+	StartLagP99MS float64 `json:"start_lag_p99_ms,omitempty"`
+	Seconds       float64 `json:"seconds"`
+	OpsPerSec     float64 `json:"ops_per_sec"`
 	latency
 	// Rounds is each round on its own, in the order they ran: how far two
 	// runs of the same case differ here.
@@ -78,6 +82,7 @@ type trafficResult struct {
 // trafficRun is what one round of one case measured.
 type trafficRun struct {
 	times       []time.Duration
+	lags        []time.Duration // how late each operation started (open loop)
 	elapsed     time.Duration
 	swept       int64
 	batches     []time.Duration
@@ -88,10 +93,11 @@ type trafficRun struct {
 // combineRuns pools the rounds of one case.
 func combineRuns(c trafficCase, runs []trafficRun) trafficResult {
 	res := trafficResult{Case: c.name, Sweeping: c.sweeping, Baseline: c.baseline, BacklogLeft: -1}
-	var all, batches []time.Duration
+	var all, batches, lags []time.Duration
 	var elapsed time.Duration
 	for _, r := range runs {
 		all = append(all, r.times...)
+		lags = append(lags, r.lags...)
 		batches = append(batches, r.batches...)
 		elapsed += r.elapsed
 		res.Rounds = append(res.Rounds, summarize(r.times))
@@ -107,6 +113,9 @@ func combineRuns(c trafficCase, runs []trafficRun) trafficResult {
 	res.SweptRowsPerSec = ratio(float64(res.SweptRows), elapsed.Seconds())
 	res.SweepBatches = len(batches)
 	res.SweepBatchP95MS = ms(percentile(batches, 95))
+	if len(lags) > 0 {
+		res.StartLagP99MS = ms(percentile(lags, 99))
+	}
 	return res
 }
 
@@ -412,9 +421,13 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 	var done atomic.Int64
 	times := make([]time.Duration, 0, ops)
 	var mu sync.Mutex
-	record := func(d time.Duration) {
+	var lags []time.Duration
+	record := func(d, lag time.Duration) {
 		mu.Lock()
 		times = append(times, d)
+		if interval > 0 {
+			lags = append(lags, lag)
+		}
 		mu.Unlock()
 		if n := done.Add(1); n%500 == 0 {
 			if loop != nil {
@@ -442,7 +455,7 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 	if werr != nil {
 		return res, werr
 	}
-	res.times = times
+	res.times, res.lags = times, lags
 	res.elapsed = t1.Sub(t0)
 	if loop != nil {
 		res.swept = movedAtEnd - movedAtStart
@@ -462,10 +475,13 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 // from seed), passing each operation's time to record when it is not nil.
 // With interval 0 the loop is closed: a writer starts the next operation as
 // soon as its last one ends. Otherwise operation n is due at start +
-// n*interval: the writer that takes it waits until then, and its time runs
-// from when it was due, not from when a writer got to it, so that time spent
-// queued behind slow operations counts (no coordinated omission).
-func runWriters(ctx context.Context, store *livestore.Postgres, ops int, seed uint64, interval time.Duration, record func(time.Duration)) error {
+// n*interval: the writer that takes it waits until then. Its time runs from
+// when it started, and how late it started after it was due goes to record
+// as its lag: that is the generator's own timer precision (a goroutine
+// woken from a sleep, on 2 busy cores, starts up to milliseconds late) plus
+// any wait for a free writer, which would otherwise count as the live
+// store's latency on both sides of the comparison.
+func runWriters(ctx context.Context, store *livestore.Postgres, ops int, seed uint64, interval time.Duration, record func(d, lag time.Duration)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var next atomic.Int64
@@ -486,17 +502,18 @@ func runWriters(ctx context.Context, store *livestore.Postgres, ops int, seed ui
 					due = start.Add(time.Duration(n-1) * interval)
 					time.Sleep(time.Until(due))
 				}
+				var lag time.Duration
+				if interval > 0 {
+					lag = time.Since(due)
+				}
 				d, err := registerAndComplete(ctx, store, g)
 				if err != nil {
 					errs <- err
 					cancel()
 					return
 				}
-				if interval > 0 {
-					d = time.Since(due)
-				}
 				if record != nil {
-					record(d)
+					record(d, lag)
 				}
 			}
 		}(newKeyGen(seed + uint64(w)))

@@ -66,12 +66,13 @@ func TestCombineRuns(t *testing.T) {
 	t.Parallel()
 	ms := time.Millisecond
 	runs := []trafficRun{
-		{times: []time.Duration{1 * ms, 2 * ms}, elapsed: time.Second, swept: 30_000, batches: []time.Duration{100 * ms, 300 * ms}, backlogLeft: 400_000},
+		{times: []time.Duration{1 * ms, 2 * ms}, lags: []time.Duration{1 * ms, 3 * ms}, elapsed: time.Second, swept: 30_000, batches: []time.Duration{100 * ms, 300 * ms}, backlogLeft: 400_000},
 		{times: []time.Duration{3 * ms, 10 * ms}, elapsed: time.Second, swept: 10_000, batches: []time.Duration{200 * ms}, reloads: 1, backlogLeft: 90_000},
 	}
 	c := combineRuns(trafficCase{name: "x", sweeping: true, baseline: "b"}, runs)
 	require.Equal(t, "x", c.Case)
 	require.Equal(t, "b", c.Baseline)
+	require.InDelta(t, 3, c.StartLagP99MS, 1e-9, "how late the operations started, apart from their times")
 	require.True(t, c.Sweeping)
 	require.Equal(t, 4, c.Ops)
 	require.InDelta(t, 2, c.P50MS, 1e-9)
@@ -91,6 +92,7 @@ func TestCombineRuns(t *testing.T) {
 	empty := combineRuns(trafficCase{name: "none"}, nil)
 	require.Zero(t, empty.OpsPerSec)
 	require.Zero(t, empty.Ops)
+	require.Zero(t, empty.StartLagP99MS)
 }
 
 func TestTrafficRendering(t *testing.T) {
@@ -100,14 +102,14 @@ func TestTrafficRendering(t *testing.T) {
 		{Case: caseTrafficDeployed, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 4.8}, P99VsBaseline: 1.2, SweptRowsPerSec: 9_000, BacklogLeft: 350_000},
 		{Case: caseTrafficFlatOut, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 6}, P99VsBaseline: 1.5, SweptRowsPerSec: 15_000, BacklogLeft: 300_000},
 		{Case: caseTrafficOpenAlone, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, latency: latency{P99MS: 2}, P99VsBaseline: 1},
-		{Case: caseTrafficOpenDeployed, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, Sweeping: true, latency: latency{P99MS: 2.2}, P99VsBaseline: 1.1, SweptRowsPerSec: 12_000},
+		{Case: caseTrafficOpenDeployed, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, StartLagP99MS: 0.9, Sweeping: true, latency: latency{P99MS: 2.2}, P99VsBaseline: 1.1, SweptRowsPerSec: 12_000},
 	}}}
 	tables := r.tables()
 	require.Contains(t, tables, "### 6. Live traffic while sweeping")
 	require.Contains(t, tables, "4 per case in a closed loop and 2 at an offered load")
 	require.Contains(t, tables, "| 1.50x | 15,000 |")
-	require.Contains(t, tables, "| "+caseTrafficOpenDeployed+" | 2,400 |")
-	require.Contains(t, tables, "| "+caseTrafficAlone+" | closed loop |")
+	require.Contains(t, tables, "| "+caseTrafficOpenDeployed+" | 2,400 | 0.90 |")
+	require.Contains(t, tables, "| "+caseTrafficAlone+" | closed loop | – |")
 	require.Contains(t, tables, "kept 25% of that")
 	var b []byte
 	r.targets(func(f string, a ...any) { b = fmt.Appendf(b, f, a...) })

@@ -14,6 +14,10 @@ import (
 
 type handler struct {
 	env *fnenv.Env
+	// conflicts outlives the invocation's Sweeper: after a batch met an
+	// archive row that existed already, the next hour's invocations of this
+	// warm function start with ON CONFLICT.
+	conflicts sweep.ConflictMemory
 }
 
 // options may override the configured sweep for one invocation.
@@ -52,6 +56,8 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		return sweep.Result{}, err
 	}
 
+	cfg.Conflicts = &h.conflicts
+
 	pool, err := h.env.DB.Get(ctx)
 	if err != nil {
 		return sweep.Result{}, err
@@ -78,9 +84,13 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) {
 		fix := fmt.Sprintf("raise the function's timeout well above SWEEP_DEADLINE_MARGIN (%s), for example to 5 minutes, "+
 			"or lower SWEEP_DEADLINE_MARGIN (default SWEEP_STATEMENT_TIMEOUT + 5s) below the timeout", noBatch.Margin)
-		log.ErrorContext(ctx, "sweep started no batch: the invocation's remaining time is under SWEEP_DEADLINE_MARGIN while expired rows wait; "+fix,
+		what := "sweep started no batch: the invocation's remaining time is under SWEEP_DEADLINE_MARGIN while expired rows wait; "
+		if noBatch.AfterConflict {
+			what = "sweep moved nothing: its batch met an archive row that existed already, and the invocation's remaining time fell under SWEEP_DEADLINE_MARGIN before it could run again; "
+		}
+		log.ErrorContext(ctx, what+fix,
 			"remaining_ms", noBatch.Remaining.Milliseconds(), "sweep_deadline_margin_ms", noBatch.Margin.Milliseconds(),
-			"backlog", res.Backlog, "stopped", res.Stopped)
+			"backlog", res.Backlog, "stopped", res.Stopped, "conflict_retries", res.ConflictRetries)
 		return res, fmt.Errorf("%w: %s", err, fix)
 	}
 	if err != nil {
@@ -88,7 +98,7 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		return res, err
 	}
 	log.InfoContext(ctx, "sweep finished", "moved", res.Moved, "archived", res.Archived, "batches", res.Batches,
-		"stopped", res.Stopped, "backlog", res.Backlog, "duration_ms", res.DurationMS)
+		"conflict_retries", res.ConflictRetries, "stopped", res.Stopped, "backlog", res.Backlog, "duration_ms", res.DurationMS)
 	return res, nil
 }
 

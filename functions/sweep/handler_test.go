@@ -29,6 +29,7 @@ func setup(t *testing.T, rows int) (*dbtest.DB, lambda.Handler, *testenv.SyncBuf
 type summary struct {
 	Moved, Archived, Backlog int64
 	Batches                  int
+	ConflictRetries          int `json:"conflict_retries"`
 	Drained                  bool
 	Stopped                  string
 	DurationMS               *int64 `json:"duration_ms"`
@@ -109,4 +110,29 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
 		require.ErrorContains(t, err, want, payload)
 	}
+}
+
+// A warm function remembers a conflict across invocations: the batch that met
+// an archive row that existed already runs again with ON CONFLICT, and so do
+// the next invocations' first batches (no second failed batch, no second
+// error line in PostgreSQL's log).
+func TestAWarmFunctionRemembersAConflict(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	env, _, logs := testenv.FunctionEnv(t, db, map[string]string{"SWEEP_PAUSE": "1ms"})
+	h := lambda.NewHandler((&handler{env: env}).Handle)
+	past := time.Now().UTC().Add(-time.Hour).Truncate(time.Microsecond)
+	for invocation := range 3 {
+		key := fmt.Sprintf("idem:v1:restored-%d", invocation)
+		dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: key, Status: 201, ExpiresAt: past})
+		dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: past})
+		out, err := h.Invoke(testenv.Invocation(fmt.Sprintf("req-c%d", invocation)), testenv.Event(t, "sweep-schedule.json"))
+		require.NoError(t, err)
+		var s summary
+		require.NoError(t, json.Unmarshal(out, &s))
+		require.Equal(t, int64(1), s.Moved)
+		require.Equal(t, map[bool]int{true: 1, false: 0}[invocation == 0], s.ConflictRetries, "invocation %d", invocation)
+	}
+	require.Len(t, testenv.Lines(logs.String(), `"conflict_retries":1`), 1, "the log line of the sweep that met the conflict says so")
 }

@@ -154,6 +154,32 @@ type Config struct {
 	BacklogCap int64
 	// OnBatch, when set, is called after every batch with the running totals.
 	OnBatch func(Progress)
+	// Conflicts, when set, is shared by the Sweepers built with it (a
+	// Lambda function builds one an invocation), so that a batch that met
+	// an archive row that existed already makes the next hour's runs of
+	// every one of them insert with ON CONFLICT from their first batch.
+	// Nil: each Sweeper remembers for itself.
+	Conflicts *ConflictMemory
+}
+
+// ConflictMemory remembers when a batch last met an archive row that
+// existed already. The zero value is ready to use, and it is safe for
+// concurrent use.
+type ConflictMemory struct {
+	until atomic.Pointer[time.Time]
+}
+
+// safe reports whether batches should insert with the conflict clause.
+// Compared on the monotonic clock: a step of the wall clock neither
+// stretches nor ends it.
+func (m *ConflictMemory) safe() bool {
+	until := m.until.Load()
+	return until != nil && time.Now().Before(*until)
+}
+
+func (m *ConflictMemory) remember() {
+	until := time.Now().Add(safeFor)
+	m.until.Store(&until)
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -306,6 +332,10 @@ type DeadlineError struct {
 	// Backlog is the number of expired live rows after the run, capped at
 	// Config.BacklogCap; -1 when it could not be counted.
 	Backlog int64
+	// AfterConflict: the run did start a batch, which met an archive row
+	// that existed already and moved nothing, and the deadline came before
+	// the batch could run again with ON CONFLICT.
+	AfterConflict bool
 }
 
 func (e *DeadlineError) Error() string {
@@ -313,9 +343,13 @@ func (e *DeadlineError) Error() string {
 	if e.Backlog < 0 {
 		waiting = "the expired backlog could not be counted"
 	}
-	return fmt.Sprintf("sweep started no batch: %s was left before the deadline, under the deadline margin of %s, and %s "+
+	what := "sweep started no batch"
+	if e.AfterConflict {
+		what = "sweep moved nothing: its first batch met an archive row that existed already, and no time was left to run it again with ON CONFLICT"
+	}
+	return fmt.Sprintf("%s: %s was left before the deadline, under the deadline margin of %s, and %s "+
 		"(every such run lets the backlog grow: give the run more time than the margin, or lower the margin)",
-		e.Remaining.Round(time.Millisecond), e.Margin, waiting)
+		what, e.Remaining.Round(time.Millisecond), e.Margin, waiting)
 }
 
 // errPartitionRaced means the partitions a failed batch needed exist by the
@@ -344,15 +378,15 @@ type Sweeper struct {
 	partitions PartitionEnsurer
 	metrics    *metrics.Emitter
 	sleep      func(context.Context, time.Duration) error
-	// safeUntil (Unix nanoseconds) is when runs go back to fastBatchSQL
-	// after a conflict: a source of conflicts (rows restored into the live
-	// table, a Redis store archiving the same keys) tends to last, and a
-	// warm Lambda function reuses its Sweeper.
-	safeUntil atomic.Int64
+	// conflicts says when runs go back to fastBatchSQL after a conflict: a
+	// source of conflicts (rows restored into the live table, a Redis store
+	// archiving the same keys) tends to last. Config.Conflicts, or the
+	// Sweeper's own.
+	conflicts *ConflictMemory
 }
 
-// safeFor is how long a Sweeper inserts with the conflict clause after a
-// batch met a conflict.
+// safeFor is how long batches insert with the conflict clause after one
+// met a conflict.
 const safeFor = time.Hour
 
 // New validates cfg (after defaults) and returns a Sweeper. partitions may be
@@ -362,6 +396,10 @@ func New(pool *pgxpool.Pool, cfg Config, partitions PartitionEnsurer, emitter *m
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	conflicts := cfg.Conflicts
+	if conflicts == nil {
+		conflicts = new(ConflictMemory)
+	}
 	return &Sweeper{
 		pool:       pool,
 		cfg:        cfg,
@@ -369,6 +407,7 @@ func New(pool *pgxpool.Pool, cfg Config, partitions PartitionEnsurer, emitter *m
 		partitions: partitions,
 		metrics:    emitter,
 		sleep:      sleepCtx,
+		conflicts:  conflicts,
 	}, nil
 }
 
@@ -402,17 +441,17 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		s.metrics.Emit(values...)
 	}()
 
-	raced := 0                                         // consecutive batches whose missing partition appeared meanwhile
-	safe := time.Now().UnixNano() < s.safeUntil.Load() // whether batches insert with the conflict clause
+	raced := 0                 // consecutive batches whose missing partition appeared meanwhile
+	safe := s.conflicts.safe() // whether batches insert with the conflict clause
 	for {
 		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
 			res.Stopped = stop
 			if stop == StoppedCanceled {
 				return res, canceled(ctx, res)
 			}
-			if stop == StoppedDeadline && res.Batches == 0 && res.ConflictRetries == 0 {
+			if stop == StoppedDeadline && res.Batches == 0 {
 				deadline, _ := ctx.Deadline()
-				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin}
+				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin, AfterConflict: res.ConflictRetries > 0}
 			}
 			return res, nil
 		}
@@ -421,7 +460,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			// Nothing moved: the same batch again, and the batches of the
 			// next safeFor, skip the rows whose archive rows exist.
 			safe = true
-			s.safeUntil.Store(time.Now().Add(safeFor).UnixNano())
+			s.conflicts.remember()
 			res.ConflictRetries++
 			continue
 		}

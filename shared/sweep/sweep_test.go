@@ -214,7 +214,8 @@ func TestAfterAConflictLaterRunsStartSafe(t *testing.T) {
 		require.Zero(t, res.Archived)
 		require.Equal(t, map[bool]int{true: 1, false: 0}[run == 0], res.ConflictRetries, "run %d", run)
 	}
-	// A new Sweeper starts on the fast path again.
+	// A new Sweeper, without a shared ConflictMemory, starts on the fast
+	// path again.
 	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:restored-new", Status: 201, ExpiresAt: past})
 	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:restored-new", Status: 201, ExpiredAt: past})
 	res, err := newSweeper(t, b.sweeper, sweep.Config{}, nil, nil).Run(context.Background())
@@ -222,10 +223,11 @@ func TestAfterAConflictLaterRunsStartSafe(t *testing.T) {
 	require.Equal(t, 1, res.ConflictRetries)
 }
 
-// A run whose only batch met a conflict and whose deadline then came did
-// try a batch: it is not reported as a run that could start none (which
-// would send an operator to the function's timeout).
-func TestADeadlineAfterAConflictIsNotNoBatch(t *testing.T) {
+// A run whose only batch met a conflict and whose deadline then came
+// before the batch could run again moved nothing while rows wait: an error,
+// and one that says the batch did start (a plain "started no batch" would
+// send an operator to the function's timeout alone).
+func TestADeadlineAfterAConflictSaysSo(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -247,15 +249,26 @@ func TestADeadlineAfterAConflictIsNotNoBatch(t *testing.T) {
 	// WHEN the deadline margin is crossed while the batch waits
 	runCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	res, err := newSweeper(t, b.sweeper, sweep.Config{DeadlineMargin: 2 * time.Second, LockTimeout: 5 * time.Second}, nil, nil).Run(runCtx)
+	conflicts := new(sweep.ConflictMemory)
+	res, err := newSweeper(t, b.sweeper, sweep.Config{DeadlineMargin: 2 * time.Second, LockTimeout: 5 * time.Second, Conflicts: conflicts}, nil, nil).Run(runCtx)
 
-	// THEN the run stops at the deadline without a "started no batch" error
+	// THEN the run stops at the deadline with an error that names the conflict
 	require.NoError(t, <-committed)
-	require.NoError(t, err)
+	var noBatch *sweep.DeadlineError
+	require.ErrorAs(t, err, &noBatch)
+	require.True(t, noBatch.AfterConflict)
+	require.ErrorContains(t, err, "sweep moved nothing: its first batch met an archive row that existed already")
+	require.EqualValues(t, 1, noBatch.Backlog)
 	require.Equal(t, sweep.StoppedDeadline, res.Stopped)
 	require.Zero(t, res.Batches)
 	require.Equal(t, 1, res.ConflictRetries)
 	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"), "the row waits for the next run")
+
+	// AND the next run, sharing the memory, moves it without a conflict
+	res, err = newSweeper(t, b.sweeper, sweep.Config{Conflicts: conflicts}, nil, nil).Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Moved)
+	require.Zero(t, res.ConflictRetries)
 }
 
 func TestMissingPartition(t *testing.T) {

@@ -51,7 +51,10 @@ $$;
 -- statement (a Redis store's single row at completion, an UPDATE, an
 -- operator's script of many small INSERTs) inserts with ON CONFLICT DO
 -- NOTHING directly, as under migration 006. Any session may set the
--- setting: it only chooses between two paths that both record every row.
+-- setting: it only chooses between two paths that both record every row. It
+-- is meant for transactions of one large statement, as the sweeper's are: a
+-- transaction of many small archive INSERTs with it on pays a subtransaction
+-- each, and past 64 of them PostgreSQL's snapshots slow down until it ends.
 CREATE OR REPLACE FUNCTION idempotency_index_plain_keys() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
