@@ -140,8 +140,8 @@ db-shell: archivectl ## Throwaway database, migrated and partitioned, with a she
 # every figure beside a baseline measured in the same run. Writes
 # BENCHMARKS.md and bin/bench.json; about 5 minutes on 2 cores after the
 # builds. BENCH_LIVE_ROWS, BENCH_ROWS_PER_MONTH, BENCH_MONTHS, BENCH_LOOKUPS,
-# BENCH_FRESH_REQUESTS, BENCH_COLD_STARTS, BENCH_TRAFFIC_OPS and BENCH_TRAFFIC_BACKLOG
-# scale it.
+# BENCH_FRESH_REQUESTS, BENCH_COLD_STARTS, BENCH_TRAFFIC_OPS, BENCH_TRAFFIC_BACKLOG
+# and BENCH_COMPACT_ROWS scale it.
 .PHONY: bench
 bench: build build-local bench-baseline bin/archivebench $(RIE) ## Sweep, lookup, storage, fresh-key and cold-start figures against baselines: writes BENCHMARKS.md (about 5 min)
 	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bin/archivebench -json bin/bench.json -md BENCHMARKS.md -command "make bench"

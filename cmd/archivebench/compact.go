@@ -207,6 +207,6 @@ func (s *compactSection) targets(w func(string, ...any)) {
 }
 
 // compactMethod says how the compaction figures are taken.
-const compactMethod = "7. **Compaction.** A schema of its own per key shape: the sweep's live rows (the same generator and seed as measurement 1, here without the unexpired rows) or issue 10's (60-byte keys `idem:v1t:` + a 14-byte tenant, one of 1,000, + `:` + a UUIDv7; 27-byte resource ids), " +
+const compactMethod = "7. **Compaction.** A schema of its own per key shape, with BENCH_COMPACT_ROWS rows each: the sweep's live rows (the same generator and seed as measurement 1, here without the unexpired rows) or issue 10's (60-byte keys `idem:v1t:` + a 14-byte tenant, one of 1,000, + `:` + a UUIDv7; 27-byte resource ids), " +
 	"moved into the archive by the project's sweeper, measured as in 3, then `partition.NewManager(pool, partition.Config{CompactPerRun: 24, StatementTimeout: 15m, Now: two months ahead}, nil).Run` (the clock ahead closes the month the rows expired in), measured again. " +
 	"Lookups of 1,000 sampled keys run one after another through `archive.Reader` for as long as the run takes.\n"

@@ -83,15 +83,17 @@ func TestSizesFromEnv(t *testing.T) {
 	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
 	s, err := sizesFromEnv(env(nil))
 	require.NoError(t, err)
-	require.Equal(t, 1_000_000, s.LiveRows)
+	require.Equal(t, 1_000_000, s.LiveRows, "the issue asks for at least 1,000,000 live rows")
 	require.Equal(t, []int{24, 120}, s.Months)
+	require.Equal(t, 300_000, s.TrafficBacklog)
+	require.Equal(t, 500_000, s.CompactRows)
 
 	s, err = sizesFromEnv(env(map[string]string{"BENCH_LIVE_ROWS": "5_000_000", "BENCH_MONTHS": "12, 36"}))
 	require.NoError(t, err)
 	require.Equal(t, 5_000_000, s.LiveRows)
 	require.Equal(t, []int{12, 36}, s.Months)
 
-	for k, v := range map[string]string{"BENCH_LIVE_ROWS": "0", "BENCH_LOOKUPS": "many", "BENCH_MONTHS": "120,24", "BENCH_COLD_STARTS": "-1"} {
+	for k, v := range map[string]string{"BENCH_LIVE_ROWS": "0", "BENCH_LOOKUPS": "many", "BENCH_MONTHS": "120,24", "BENCH_COLD_STARTS": "-1", "BENCH_COMPACT_ROWS": "0"} {
 		_, err := sizesFromEnv(env(map[string]string{k: v}))
 		require.ErrorContains(t, err, k)
 	}
