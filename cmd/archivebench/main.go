@@ -16,7 +16,7 @@
 // Progress goes to stderr, the tables to stdout. Sizes scale with
 // BENCH_LIVE_ROWS (expired live rows each sweep contender moves, default
 // 1,000,000), BENCH_UNEXPIRED_ROWS (live rows not yet expired beside them,
-// the day of traffic a live table holds, default 1,000,000),
+// the day of traffic a live table holds, default 500,000),
 // BENCH_ROWS_PER_MONTH (archive rows in each monthly partition for the
 // lookups, default 10,000), BENCH_MONTHS (months of data the lookups run
 // against, default 24,120), BENCH_LOOKUPS (lookups per case, default 2,000),
@@ -79,7 +79,7 @@ func sizesFromEnv(getenv func(string) string) (sizes, error) {
 		def  int
 	}{
 		{"BENCH_LIVE_ROWS", &s.LiveRows, 1_000_000},
-		{"BENCH_UNEXPIRED_ROWS", &s.UnexpiredRows, 1_000_000},
+		{"BENCH_UNEXPIRED_ROWS", &s.UnexpiredRows, 500_000},
 		{"BENCH_ROWS_PER_MONTH", &s.RowsPerMonth, 10_000},
 		{"BENCH_LOOKUPS", &s.Lookups, 2_000},
 		{"BENCH_FRESH_REQUESTS", &s.FreshRequests, 1_000},

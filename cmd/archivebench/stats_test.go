@@ -85,6 +85,7 @@ func TestSizesFromEnv(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1_000_000, s.LiveRows, "the issue asks for at least 1,000,000 live rows")
 	require.Equal(t, []int{24, 120}, s.Months)
+	require.Equal(t, 500_000, s.UnexpiredRows)
 	require.Equal(t, 300_000, s.TrafficBacklog)
 	require.Equal(t, 500_000, s.CompactRows)
 
