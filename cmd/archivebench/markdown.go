@@ -179,6 +179,26 @@ func (r *report) document(tables string) string {
 	return b.String()
 }
 
+// tooNoisy says why a traffic comparison of c with its baseline b cannot be
+// judged, or "" when it can: the machine is shared, and a noisy neighbour
+// can make a run say "met" as easily as "not met".
+func tooNoisy(b, c trafficResult) string {
+	lo, hi := 0.0, 0.0
+	for _, r := range b.Rounds {
+		if lo == 0 || r.P99MS < lo {
+			lo = r.P99MS
+		}
+		hi = max(hi, r.P99MS)
+	}
+	switch {
+	case lo > 0 && hi/lo > 1.5:
+		return fmt.Sprintf("the baseline's rounds disagree (p99 %.2f and %.2f ms): rerun on a quieter machine", lo, hi)
+	case c.P99VsBaseline > 0 && c.P99VsBaseline < 0.8:
+		return "the traffic beside the sweeper ran faster than without it, which only noise explains: rerun on a quieter machine"
+	}
+	return ""
+}
+
 // contender returns the named sweep contender.
 func (s *sweepSection) contender(name string) (sweepResult, bool) {
 	for _, c := range s.Contenders {
@@ -254,9 +274,13 @@ func (r *report) targets(w func(string, ...any)) {
 				if c.OfferedOpsPerSec > 0 {
 					loop = fmt.Sprintf("open loop at %s ops/s", thousands(int64(c.OfferedOpsPerSec)))
 				}
+				verdict := met(c.P99VsBaseline > 0 && c.P99VsBaseline <= 1.25)
+				if why := tooNoisy(b, c); why != "" {
+					verdict = "**inconclusive**: " + why
+				}
 				w("- Live traffic while sweeping (%s, %s), p99 of register-and-complete at most 1.25x without the sweeper: %.2fx (%s), %.2f ms against %.2f ms, with the sweeper moving %s rows/s.\n",
 					strings.TrimPrefix(strings.TrimPrefix(name, "at a quarter of the baseline's throughput, "), "sweeper running "), loop,
-					c.P99VsBaseline, met(c.P99VsBaseline > 0 && c.P99VsBaseline <= 1.25), c.P99MS, b.P99MS, thousands(int64(c.SweptRowsPerSec)))
+					c.P99VsBaseline, verdict, c.P99MS, b.P99MS, thousands(int64(c.SweptRowsPerSec)))
 			}
 		}
 	}

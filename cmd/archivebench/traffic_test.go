@@ -132,3 +132,25 @@ func TestLookupTargetsNameEveryTimestampedCase(t *testing.T) {
 	require.Contains(t, string(b), "- Timestamped keys that expired in the last two months (a late retry) at 123 partitions, p99 at or under 1 ms: 0.50 ms (met); at most 4 relation locks: 7.7 (**not met**).")
 	require.Contains(t, string(b), "- Timestamped keys from any month of the archive at 123 partitions (a retry up to years late; each reads the months from its own to now): p99 2.30 ms (**not met**), 198.5 relation locks (**not met**).")
 }
+
+// A traffic comparison the machine's noise decides is inconclusive, not met:
+// rounds of the baseline that disagree, or a sweeper that speeds the
+// traffic up.
+func TestNoisyTrafficIsInconclusive(t *testing.T) {
+	t.Parallel()
+	steady := trafficResult{latency: latency{P99MS: 2}, Rounds: []latency{{P99MS: 1.9}, {P99MS: 2.1}}}
+	require.Empty(t, tooNoisy(steady, trafficResult{P99VsBaseline: 1.1}))
+	require.Empty(t, tooNoisy(steady, trafficResult{P99VsBaseline: 2.3}))
+	require.Contains(t, tooNoisy(steady, trafficResult{P99VsBaseline: 0.67}), "ran faster than without it")
+	unsteady := trafficResult{latency: latency{P99MS: 9}, Rounds: []latency{{P99MS: 10.7}, {P99MS: 4.3}}}
+	require.Contains(t, tooNoisy(unsteady, trafficResult{P99VsBaseline: 1.1}), "the baseline's rounds disagree (p99 4.30 and 10.70 ms)")
+
+	r := report{Traffic: &trafficSection{Results: []trafficResult{
+		{Case: caseTrafficAlone, Baseline: caseTrafficAlone, latency: latency{P99MS: 9.47}, Rounds: []latency{{P99MS: 10.68}, {P99MS: 7.30}}, P99VsBaseline: 1},
+		{Case: caseTrafficDeployed, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 6.34}, P99VsBaseline: 0.67},
+	}}}
+	var b []byte
+	r.targets(func(f string, a ...any) { b = fmt.Appendf(b, f, a...) })
+	require.Contains(t, string(b), "0.67x (**inconclusive**: the traffic beside the sweeper ran faster than without it")
+	require.NotContains(t, string(b), "(met)")
+}
