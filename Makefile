@@ -161,9 +161,9 @@ bin/archivebench:
 
 # Each fuzz target for FUZZTIME (their seed corpora run in make test).
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzFromKey:./shared/keytime FuzzCursor:./shared/archive FuzzIdempotencyKeyHeader:./shared/idempotency FuzzEventShapes:./functions/lookup
+FUZZ_TARGETS := FuzzFromKey:./shared/keytime FuzzCursor:./shared/archive FuzzLookupWindowHoldsItsBounds:./shared/archive FuzzIdempotencyKeyHeader:./shared/idempotency FuzzEventShapes:./functions/lookup
 .PHONY: fuzz
-fuzz: ## Fuzz the key timestamp parser, the cursor, the Idempotency-Key header and the lookup event shapes (FUZZTIME=30s each)
+fuzz: ## Fuzz the key timestamp parser, the cursor, the lookup window, the Idempotency-Key header and the lookup event shapes (FUZZTIME=30s each)
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} ($(FUZZTIME))"; \
 		$(GO) test -run='^$$' -fuzz="^$${t%%:*}$$" -fuzztime=$(FUZZTIME) $${t#*:} || exit 1; \

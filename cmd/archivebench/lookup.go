@@ -27,9 +27,13 @@ type lookupResult struct {
 	// Relation locks one lookup takes and relations its plan scans, each
 	// the mean over ten keys of the case.
 	ReaderLocks float64 `json:"reader_relation_locks"`
-	NaiveLocks  float64 `json:"naive_relation_locks"`
-	ReaderParts float64 `json:"reader_partitions_read"`
-	NaiveParts  float64 `json:"naive_partitions_read"`
+	// ReaderLocksExec is ReaderLocks in DATABASE_EXEC_MODE=exec, the mode
+	// the CDK stack runs behind RDS Proxy: no statement is prepared, so
+	// every run is planned, with every index of each partition locked.
+	ReaderLocksExec float64 `json:"reader_relation_locks_exec_mode"`
+	NaiveLocks      float64 `json:"naive_relation_locks"`
+	ReaderParts     float64 `json:"reader_partitions_read"`
+	NaiveParts      float64 `json:"naive_partitions_read"`
 }
 
 type lookupSet struct {
@@ -253,7 +257,7 @@ func measureLookupCase(ctx context.Context, pool *pgxpool.Pool, reader *archive.
 	// Locks and partitions are averaged over keys spread across the case's
 	// samples (an old timestamped key reads more partitions than a new one).
 	const spread = 10
-	var sum [4]int
+	var sum [5]int
 	for i := range spread {
 		key := c.key(i * 7919)
 		// The Reader's statements, run on the bench's own connection so
@@ -262,22 +266,27 @@ func measureLookupCase(ctx context.Context, pool *pgxpool.Pool, reader *archive.
 		if err != nil {
 			return res, err
 		}
-		rl, rp := 0, 0
+		rl, rp, re := 0, 0, 0
 		for _, st := range stmts {
-			l, p, err := locksAndPartitions(ctx, pool, st.SQL, st.Args...)
+			l, p, err := locksAndPartitions(ctx, pool, pgx.QueryExecModeCacheStatement, st.SQL, st.Args...)
 			if err != nil {
 				return res, err
 			}
-			rl, rp = rl+l, rp+p
+			le, _, err := locksAndPartitions(ctx, pool, pgx.QueryExecModeExec, st.SQL, st.Args...)
+			if err != nil {
+				return res, err
+			}
+			rl, rp, re = rl+l, rp+p, re+le
 		}
-		nl, np, err := locksAndPartitions(ctx, pool, naiveLookupSQL, key)
+		nl, np, err := locksAndPartitions(ctx, pool, pgx.QueryExecModeCacheStatement, naiveLookupSQL, key)
 		if err != nil {
 			return res, err
 		}
-		sum[0], sum[1], sum[2], sum[3] = sum[0]+rl, sum[1]+rp, sum[2]+nl, sum[3]+np
+		sum[0], sum[1], sum[2], sum[3], sum[4] = sum[0]+rl, sum[1]+rp, sum[2]+nl, sum[3]+np, sum[4]+re
 	}
 	res.ReaderLocks, res.ReaderParts = float64(sum[0])/spread, float64(sum[1])/spread
 	res.NaiveLocks, res.NaiveParts = float64(sum[2])/spread, float64(sum[3])/spread
+	res.ReaderLocksExec = float64(sum[4]) / spread
 	return res, nil
 }
 
@@ -301,7 +310,7 @@ func naiveLookup(ctx context.Context, pool *pgxpool.Pool, key string) (int, erro
 // the connection has run it often enough for the plan cache to settle on
 // custom or generic plans, as a long-lived pool's connections do), and the
 // relations its plan reads.
-func locksAndPartitions(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (locks, parts int, err error) {
+func locksAndPartitions(ctx context.Context, pool *pgxpool.Pool, mode pgx.QueryExecMode, sql string, args ...any) (locks, parts int, err error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, 0, err
@@ -310,7 +319,7 @@ func locksAndPartitions(ctx context.Context, pool *pgxpool.Pool, sql string, arg
 	drain := func(q interface {
 		Query(context.Context, string, ...any) (pgx.Rows, error)
 	}) error {
-		rows, err := q.Query(ctx, sql, args...)
+		rows, err := q.Query(ctx, sql, append([]any{mode}, args...)...)
 		if err != nil {
 			return err
 		}

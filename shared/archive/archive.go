@@ -194,7 +194,8 @@ func NewReader(pool *pgxpool.Pool, cfg Config, emitter *metrics.Emitter) (*Reade
 // when a registration made after the key's first life (an archive hit, a 503)
 // could not be released, and it must not hide the outcome the client needs.
 // $2 and $3 bound the expiries the key's rows can have (see expiryRange),
-// so that the planner reads only the partitions between them.
+// so that the planner reads only the partitions between them. Lookups whose
+// bounds span a few months run lookupWindowSQL instead (see lookupStatement).
 const lookupSQL = `
 SELECT status_code, resource_id, created_at, expired_at, fingerprint
   FROM idempotency_key_archive
@@ -202,6 +203,78 @@ SELECT status_code, resource_id, created_at, expired_at, fingerprint
    AND expired_at >= $2 AND expired_at <= $3
  ORDER BY status_code <> 0 DESC, expired_at DESC
  LIMIT 1`
+
+// lookupWindowSQL is lookupSQL with the expiries bounded by constants, the
+// first instants of two UTC months (windowLiteral), instead of parameters:
+// its only parameter is the key.
+//
+// Why: the planner prunes partitions by constants when it builds the
+// statement's generic plan, so that plan holds only the partitions of those
+// months, costs what a custom plan costs, and the plan cache settles on it
+// after five runs. A generic plan is not planned again: a run locks the
+// parent, the partitions in its plan and the primary keys it scans, 3
+// relations for one month. lookupSQL's bounds are parameters, which prune
+// only when the statement is planned for their values, a custom plan every
+// run, and planning locks every index of each partition it keeps (the
+// created_at BRIN as well): 4 relations for one month, and the planning
+// time on every lookup.
+//
+// The window is whole months: it holds every expiry lookupSQL's bounds
+// admit, and more (see lookupStatement).
+const lookupWindowSQL = `
+SELECT status_code, resource_id, created_at, expired_at, fingerprint
+  FROM idempotency_key_archive
+ WHERE scoped_key = $1
+   AND expired_at >= '%s' AND expired_at < '%s'
+ ORDER BY status_code <> 0 DESC, expired_at DESC
+ LIMIT 1`
+
+// maxWindowMonths is the most months a lookup names as constants. Every
+// distinct window is a statement of its own, prepared and cached on each
+// connection with a generic plan of about 8 KB a partition; a wider window
+// (a key from months ago, a key without a timestamp whose rows span many
+// months, an unbounded lookup) runs lookupSQL, whose one cached statement
+// serves every bound.
+const maxWindowMonths = 4
+
+// lookupStatement returns the statement that reads a key's archive rows with
+// expiries in [earliest, latest].
+//
+// When both bounds are finite and lie within a few months, it is
+// lookupWindowSQL over the months from earliest's to latest's, both
+// included. Why reading whole months is safe (the invariant): the window
+// starts at or before earliest (the first instant of its month) and ends
+// after latest (the first instant of the month after), so it holds every
+// expiry between the bounds and misses no row lookupSQL would find. The rows
+// it reads beyond the bounds are rows of the same key, which the bounds say
+// cannot exist; were one there, the answer would be chosen among more of the
+// key's real rows, never fewer.
+func lookupStatement(scopedKey string, earliest, latest pgtype.Timestamptz) Statement {
+	if earliest.InfinityModifier == pgtype.Finite && latest.InfinityModifier == pgtype.Finite {
+		from, to := monthStart(earliest.Time), monthStart(latest.Time).AddDate(0, 1, 0)
+		months := (to.Year()-from.Year())*12 + int(to.Month()) - int(from.Month())
+		if months >= 1 && months <= maxWindowMonths && from.Year() >= 1000 && to.Year() <= 9999 {
+			return Statement{
+				SQL:  fmt.Sprintf(lookupWindowSQL, windowLiteral(from), windowLiteral(to)),
+				Args: []any{scopedKey},
+			}
+		}
+	}
+	return Statement{SQL: lookupSQL, Args: []any{scopedKey, earliest, latest}}
+}
+
+// monthStart returns the first instant of t's UTC month.
+func monthStart(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+// windowLiteral formats the first instant of a UTC month (of a four-digit
+// year, see lookupStatement) as a timestamptz constant that reads the same
+// under every TimeZone and DateStyle setting.
+func windowLiteral(month time.Time) string {
+	return month.UTC().Format("2006-01-02 15:04:05+00")
+}
 
 // Lookup returns the newest archive row for scopedKey, or ErrNotFound. When
 // fingerprint is not nil, the record says whether it matches the archived one.
@@ -223,7 +296,8 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 		for {
 			proven := true
 			err := r.bounded(ctx, func(b *pgx.Batch) {
-				b.Queue(lookupSQL, scopedKey, earliest, latest).Query(func(rows pgx.Rows) error {
+				st := lookupStatement(scopedKey, earliest, latest)
+				b.Queue(st.SQL, st.Args...).Query(func(rows pgx.Rows) error {
 					// Not found is an empty result, not an error: pgx drops a
 					// connection's cached statements after a batch that
 					// returns an error, and the next lookup would prepare
@@ -426,7 +500,7 @@ func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Stat
 		return nil, err
 	}
 	if earliest.Valid {
-		out = append(out, Statement{SQL: lookupSQL, Args: []any{scopedKey, earliest, latest}})
+		out = append(out, lookupStatement(scopedKey, earliest, latest))
 	}
 	if reach >= 0 {
 		out = append(out, Statement{SQL: proofSQL, Args: []any{latest, reach.Milliseconds()}})

@@ -144,6 +144,124 @@ func explainPartitions(t *testing.T, pool *pgxpool.Pool, sql string, args ...any
 	return touched
 }
 
+// explainLookup returns the archive partitions that the statement r's Lookup
+// runs for key reads.
+func explainLookup(t *testing.T, pool *pgxpool.Pool, r *archive.Reader, key string) []string {
+	t.Helper()
+	sql, args := archive.LookupStatement(r, key)
+	require.NotEmpty(t, sql, "the key has no archive row")
+	return explainPartitions(t, pool, sql, args...)
+}
+
+// relationLocks runs sql on one connection of pool as often as a warm pool's
+// connection has (so that the plan cache has settled), then once more in a
+// transaction, and returns the relations that run holds locks on.
+func relationLocks(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) []string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	for range 8 {
+		_, err := conn.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, sql, args...)
+	require.NoError(t, err)
+	// The names are read after the transaction: reading pg_class in it
+	// would lock pg_class and its indexes.
+	var oids []uint32
+	require.NoError(t, tx.QueryRow(ctx, `
+		SELECT coalesce(array_agg(relation::int8), '{}') FROM pg_locks
+		 WHERE pid = pg_backend_pid() AND locktype = 'relation' AND relation <> 'pg_catalog.pg_locks'::regclass`).Scan(&oids))
+	require.NoError(t, tx.Rollback(ctx))
+	var locked []string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT coalesce(array_agg(relname::text), '{}') FROM pg_class WHERE oid = ANY ($1::int8[]::oid[])", oids).Scan(&locked))
+	require.Len(t, locked, len(oids))
+	return locked
+}
+
+// A lookup whose bounds lie within a month or a few names those months as
+// constants: its cached generic plan locks the parent, the month's partition
+// and the primary key it reads, and no other index. With the bounds as
+// parameters each run is planned again, and planning locks the created_at
+// BRIN index too.
+func TestALookupWithinAMonthLocksThreeRelations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	month := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	key := "idem:v1:" + ulid(month.Add(10*24*time.Hour))
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: month.Add(11 * 24 * time.Hour)})
+	lo := pgtype.Timestamptz{Time: month.Add(10*24*time.Hour - 5*time.Minute), Valid: true}
+	hi := pgtype.Timestamptz{Time: month.Add(20 * 24 * time.Hour), Valid: true}
+
+	sql, args := archive.WindowStatement(key, lo, hi)
+	require.NotEqual(t, archive.LookupSQL, sql)
+	require.ElementsMatch(t, []string{"idempotency_key_archive", "idempotency_key_archive_2026_11", "idempotency_key_archive_2026_11_pkey"},
+		relationLocks(t, b.reader, sql, args...))
+	rows, err := b.reader.Query(ctx, sql, args...)
+	require.NoError(t, err)
+	var status int16
+	var rest [4]any
+	n := 0
+	for rows.Next() {
+		require.NoError(t, rows.Scan(&status, &rest[0], &rest[1], &rest[2], &rest[3]))
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 1, n)
+	require.EqualValues(t, 201, status)
+
+	params := relationLocks(t, b.reader, archive.LookupSQL, key, lo, hi)
+	require.Contains(t, params, "idempotency_key_archive_2026_11_created_at_idx", "the baseline this statement improves on")
+	require.Greater(t, len(params), 3)
+}
+
+// The rows at the very edges of a lookup's bounds, and at the edges of the
+// months around them, are found by the statement Lookup runs, as by the
+// bounds as parameters; from one month to the most a window spans, and past
+// it.
+func TestALookupWindowFindsTheRowsAtItsEdges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	count := func(sql string, args ...any) int {
+		rows, err := b.reader.Query(ctx, "SELECT count(*) FROM ("+strings.Replace(sql, "LIMIT 1", "", 1)+") AS found", args...)
+		require.NoError(t, err)
+		defer rows.Close()
+		require.True(t, rows.Next())
+		var n int
+		require.NoError(t, rows.Scan(&n))
+		return n
+	}
+	for months := 1; months <= archive.MaxWindowMonths+1; months++ {
+		first := time.Date(2026, time.Month(12-months), 1, 0, 0, 0, 0, time.UTC)
+		lo := first
+		hi := first.AddDate(0, months, 0).Add(-time.Microsecond)
+		key := fmt.Sprintf("idem:v1:edges-%d", months)
+		dbtest.InsertArchive(t, b.db.Pool,
+			dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: lo},
+			dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: hi},
+			dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: lo.Add(time.Microsecond)},
+			dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: hi.Add(-time.Microsecond)},
+		)
+		bounds := []any{pgtype.Timestamptz{Time: lo, Valid: true}, pgtype.Timestamptz{Time: hi, Valid: true}}
+		sql, args := archive.WindowStatement(key, bounds[0].(pgtype.Timestamptz), bounds[1].(pgtype.Timestamptz))
+		if months <= archive.MaxWindowMonths {
+			require.NotEqual(t, archive.LookupSQL, sql, "%d months", months)
+			require.Len(t, explainPartitions(t, b.reader, sql, args...), months)
+		} else {
+			require.Equal(t, archive.LookupSQL, sql, "%d months are past a window", months)
+		}
+		require.Equal(t, 4, count(sql, args...), "%d months", months)
+		require.Equal(t, 4, count(archive.LookupSQL, append([]any{key}, bounds...)...), "%d months", months)
+	}
+}
+
 func TestACompletedRowAnswersOverANewerInFlightRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -189,7 +307,7 @@ func TestLookupOfATimestampedKeyTouchesFewPartitions(t *testing.T) {
 	// skew): only November onwards is read, not the eleven months before;
 	// and with every archive row swept, none expired after the database's
 	// clock: not the months ahead either.
-	touched := explainPartitions(t, b.reader, archive.LookupSQL, append([]any{key}, archive.ExpiryRange(r, key)...)...)
+	touched := explainLookup(t, b.reader, r, key)
 	var want []string
 	for m := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC); !m.After(time.Now().Add(time.Minute)) && m.Before(time.Date(2027, 4, 1, 0, 0, 0, 0, time.UTC)); m = m.AddDate(0, 1, 0) {
 		want = append(want, partition.Name(m))
@@ -200,7 +318,7 @@ func TestLookupOfATimestampedKeyTouchesFewPartitions(t *testing.T) {
 	// (idempotency_archive_plain_keys), and a key not archived reads none.
 	require.Nil(t, archive.ExpiryRange(r, "idem:v1:probe"))
 	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:probe", Status: 201, ExpiredAt: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)})
-	touched = explainPartitions(t, b.reader, archive.LookupSQL, append([]any{"idem:v1:probe"}, archive.ExpiryRange(r, "idem:v1:probe")...)...)
+	touched = explainLookup(t, b.reader, r, "idem:v1:probe")
 	require.Equal(t, []string{"idempotency_key_archive_2026_12"}, touched)
 
 	// So does every key while a writer that bounded nothing is on record (a
@@ -211,7 +329,7 @@ func TestLookupOfATimestampedKeyTouchesFewPartitions(t *testing.T) {
 	early := "idem:v1:" + ulid(time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC).Add(48*time.Hour))
 	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: early, Status: 201, ExpiredAt: time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)})
 	upgraded := newReader(t, b.reader, nil)
-	touched = explainPartitions(t, b.reader, archive.LookupSQL, append([]any{early}, archive.ExpiryRange(upgraded, early)...)...)
+	touched = explainLookup(t, b.reader, upgraded, early)
 	require.Len(t, touched, 15)
 	rec, err = upgraded.Lookup(ctx, early, nil)
 	require.NoError(t, err, "a row stored before its timestamp is found")

@@ -3,14 +3,39 @@ package archive
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Exported for the plan tests in archive_test.
 
 const (
-	LookupSQL = lookupSQL
-	QuerySQL  = querySQL
+	LookupSQL       = lookupSQL
+	LookupWindowSQL = lookupWindowSQL
+	QuerySQL        = querySQL
+	MaxWindowMonths = maxWindowMonths
 )
+
+// LookupStatement returns the statement Lookup runs against the archive for
+// key (when the writers' proof holds); "" when the key is known to have no
+// archive row.
+func LookupStatement(r *Reader, key string) (string, []any) {
+	lo, hi, _, err := r.expiryRange(context.Background(), key)
+	if err != nil {
+		panic(err)
+	}
+	if !lo.Valid {
+		return "", nil
+	}
+	st := lookupStatement(key, lo, hi)
+	return st.SQL, st.Args
+}
+
+// WindowStatement is lookupStatement, for its boundary tests.
+func WindowStatement(key string, earliest, latest pgtype.Timestamptz) (string, []any) {
+	st := lookupStatement(key, earliest, latest)
+	return st.SQL, st.Args
+}
 
 // ExpiryRange returns the bounds Lookup passes to LookupSQL for key; nil
 // when the key is known to have no archive row.
