@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -199,7 +200,7 @@ func TestALookupWithinAMonthLocksThreeRelations(t *testing.T) {
 	lo := pgtype.Timestamptz{Time: month.Add(10*24*time.Hour - 5*time.Minute), Valid: true}
 	hi := pgtype.Timestamptz{Time: month.Add(20 * 24 * time.Hour), Valid: true}
 
-	sql, args := archive.WindowStatement(key, lo, hi)
+	sql, args := archive.WindowStatement(key, lo, hi, hi.Time)
 	require.NotEqual(t, archive.LookupSQL, sql)
 	require.ElementsMatch(t, []string{"idempotency_key_archive", "idempotency_key_archive_2026_11", "idempotency_key_archive_2026_11_pkey"},
 		relationLocks(t, b.reader, sql, args...))
@@ -250,7 +251,7 @@ func TestALookupWindowFindsTheRowsAtItsEdges(t *testing.T) {
 			dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: hi.Add(-time.Microsecond)},
 		)
 		bounds := []any{pgtype.Timestamptz{Time: lo, Valid: true}, pgtype.Timestamptz{Time: hi, Valid: true}}
-		sql, args := archive.WindowStatement(key, bounds[0].(pgtype.Timestamptz), bounds[1].(pgtype.Timestamptz))
+		sql, args := archive.WindowStatement(key, bounds[0].(pgtype.Timestamptz), bounds[1].(pgtype.Timestamptz), hi)
 		if months <= archive.MaxWindowMonths {
 			require.NotEqual(t, archive.LookupSQL, sql, "%d months", months)
 			require.Len(t, explainPartitions(t, b.reader, sql, args...), months)
@@ -592,4 +593,42 @@ func TestAStaleViewOfTheWritersIsCaughtByTheProof(t *testing.T) {
 	rec, err := r.Lookup(ctx, key, nil)
 	require.NoError(t, err, "a row stored three hours before its timestamp, after the Reader read the writers")
 	require.Equal(t, 201, rec.Status)
+}
+
+// A role, database or parameter group may set another DateStyle. In the exec
+// and simple_protocol modes (RDS Proxy's) results come back as text, which
+// pgx reads only in ISO: the Reader pins its own DateStyle, so that every
+// lookup and investigation reads the same in every mode.
+func TestTheReaderReadsUnderAnyDateStyle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	created := time.Date(2026, 11, 14, 9, 30, 15, 123456000, time.UTC)
+	plain := "idem:v1:t=acme:order-1"
+	stamped := "idem:v1:t=acme:" + ulid(time.Now().Add(-time.Hour))
+	dbtest.InsertArchive(t, b.db.Pool,
+		dbtest.ArchiveRow{Key: plain, Status: 201, CreatedAt: created, ExpiredAt: created.Add(24 * time.Hour)},
+		dbtest.ArchiveRow{Key: stamped, Status: 202, CreatedAt: time.Now().Add(-time.Hour), ExpiredAt: time.Now().Add(-time.Minute)})
+	modes := []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
+	for _, style := range []string{"SQL, DMY", "German", "Postgres, MDY"} {
+		for _, mode := range modes {
+			pool := b.db.NewPool(t, dbtest.AsRole(schema.ReaderRole), dbtest.WithParam("DateStyle", style), dbtest.WithParam("TimeZone", "Asia/Kathmandu"),
+				func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+			r, err := archive.NewReader(pool, archive.Config{}, nil)
+			require.NoError(t, err)
+			rec, err := r.Lookup(ctx, plain, nil)
+			require.NoError(t, err, "%s, %v", style, mode)
+			require.Equal(t, created, rec.CreatedAt, "%s, %v", style, mode)
+			rec, err = r.Lookup(ctx, stamped, nil)
+			require.NoError(t, err, "%s, %v", style, mode)
+			require.Equal(t, 202, rec.Status)
+			_, err = r.Lookup(ctx, "idem:v1:t=acme:never", nil)
+			require.ErrorIs(t, err, archive.ErrNotFound, "%s, %v", style, mode)
+			page, err := r.Investigate(ctx, archive.Query{ScopePrefix: "idem:v1:t=acme:order", CreatedFrom: created.Add(-time.Hour), CreatedTo: created.Add(time.Hour)})
+			require.NoError(t, err, "%s, %v", style, mode)
+			require.Len(t, page.Records, 1)
+			require.Equal(t, created, page.Records[0].CreatedAt)
+			pool.Close()
+		}
+	}
 }

@@ -27,13 +27,13 @@ func LookupStatement(r *Reader, key string) (string, []any) {
 	if !lo.Valid {
 		return "", nil
 	}
-	st := lookupStatement(key, lo, hi)
+	st := lookupStatement(key, lo, hi, r.cfg.Now())
 	return st.SQL, st.Args
 }
 
 // WindowStatement is lookupStatement, for its boundary tests.
-func WindowStatement(key string, earliest, latest pgtype.Timestamptz) (string, []any) {
-	st := lookupStatement(key, earliest, latest)
+func WindowStatement(key string, earliest, latest pgtype.Timestamptz, now time.Time) (string, []any) {
+	st := lookupStatement(key, earliest, latest, now)
 	return st.SQL, st.Args
 }
 

@@ -43,23 +43,28 @@ var windowLiterals = regexp.MustCompile(`expired_at >= '([^']+)' AND expired_at 
 
 // Whatever two bounds a lookup has, the statement it runs reads every expiry
 // between them: a window of whole months holds both (it starts at or before
-// the lower bound and ends after the upper one) and spans at most
-// MaxWindowMonths, and anything else keeps the bounds as parameters.
+// the lower bound and ends after the upper one), spans at most
+// MaxWindowMonths and ends within a month of now, and anything else keeps
+// the bounds as parameters.
 func FuzzLookupWindowHoldsItsBounds(f *testing.F) {
 	at := func(y int, m time.Month, d, h int) int64 { return time.Date(y, m, d, h, 0, 0, 0, time.UTC).UnixMicro() }
-	f.Add(at(2026, 12, 3, 12)-1, at(2026, 12, 3, 13))
-	f.Add(at(2026, 12, 1, 0), at(2027, 1, 1, 0)-1)       // a whole month, to the microsecond
-	f.Add(at(2026, 11, 30, 23), at(2027, 3, 31, 23))     // four months
-	f.Add(at(2026, 11, 30, 23), at(2027, 4, 1, 0))       // five
-	f.Add(at(2028, 2, 29, 0), at(2028, 3, 1, 0))         // a leap day
-	f.Add(at(2026, 12, 3, 0), at(2026, 11, 3, 0))        // upper before lower
-	f.Add(at(1969, 12, 31, 23), at(1970, 1, 1, 1))       // a ULID of 1970 less the skew
-	f.Add(at(9999, 12, 31, 23), at(9999, 12, 31, 23)+10) // the last month a literal holds
-	f.Add(at(999, 12, 31, 0), at(1000, 1, 2, 0))
-	f.Fuzz(func(t *testing.T, lo, hi int64) {
+	now := at(2026, 12, 3, 13)
+	f.Add(at(2026, 12, 3, 12)-1, at(2026, 12, 3, 13), now)
+	f.Add(at(2026, 12, 1, 0), at(2027, 1, 1, 0)-1, now)                       // a whole month, to the microsecond
+	f.Add(at(2026, 11, 30, 23), at(2027, 3, 31, 23), at(2027, 3, 1, 0))       // four months
+	f.Add(at(2026, 11, 30, 23), at(2027, 4, 1, 0), at(2027, 4, 1, 0))         // five
+	f.Add(at(2026, 9, 3, 0), at(2026, 10, 3, 0), now)                         // ending two months before now
+	f.Add(at(2026, 12, 31, 23), at(2027, 1, 1, 0), at(2026, 12, 31, 23))      // into the next month
+	f.Add(at(2028, 2, 29, 0), at(2028, 3, 1, 0), at(2028, 3, 1, 0))           // a leap day
+	f.Add(at(2026, 12, 3, 0), at(2026, 11, 3, 0), now)                        // upper before lower
+	f.Add(at(1969, 12, 31, 23), at(1970, 1, 1, 1), at(1970, 1, 1, 1))         // a ULID of 1970 less the skew
+	f.Add(at(9999, 12, 31, 23), at(9999, 12, 31, 23)+10, at(9999, 12, 31, 0)) // the last month a literal holds
+	f.Add(at(999, 12, 31, 0), at(1000, 1, 2, 0), at(1000, 1, 2, 0))
+	f.Fuzz(func(t *testing.T, lo, hi, clock int64) {
 		earliest := pgtype.Timestamptz{Time: time.UnixMicro(lo), Valid: true}
 		latest := pgtype.Timestamptz{Time: time.UnixMicro(hi), Valid: true}
-		sql, args := archive.WindowStatement("idem:v1:k", earliest, latest)
+		now := time.UnixMicro(clock)
+		sql, args := archive.WindowStatement("idem:v1:k", earliest, latest, now)
 		m := windowLiterals.FindStringSubmatch(sql)
 		if m == nil {
 			if sql != archive.LookupSQL || len(args) != 3 {
@@ -75,10 +80,13 @@ func FuzzLookupWindowHoldsItsBounds(f *testing.F) {
 		if err1 != nil || err2 != nil {
 			t.Fatalf("literals %q %q: %v %v", m[1], m[2], err1, err2)
 		}
-		months := (to.Year()-from.Year())*12 + int(to.Month()) - int(from.Month())
-		if from.After(earliest.Time) || !to.After(latest.Time) || months < 1 || months > archive.MaxWindowMonths ||
+		months := func(a, b time.Time) int { return (b.Year()-a.Year())*12 + int(b.Month()) - int(a.Month()) }
+		if from.After(earliest.Time) || !to.After(latest.Time) || months(from, to) < 1 || months(from, to) > archive.MaxWindowMonths ||
 			from.Day() != 1 || to.Day() != 1 || from.Hour()+from.Minute()+from.Second() != 0 || to.Hour()+to.Minute()+to.Second() != 0 {
 			t.Fatalf("[%v, %v] read as [%v, %v)", earliest.Time, latest.Time, from, to)
+		}
+		if ahead := months(to, now.UTC()); ahead < -2 || ahead > 0 {
+			t.Fatalf("the window [%v, %v) ends %d months from now (%v)", from, to, ahead, now)
 		}
 	})
 }
