@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -645,4 +647,45 @@ func TestTheTenantChoiceIsExplicit(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, noCaller.Code)
 	require.Equal(t, "idempotency_tenant_missing", problemOf(t, noCaller)["code"])
 	require.EqualValues(t, 2, h.calls.Load())
+}
+
+// A role, database or parameter group may set another DateStyle. In the exec
+// and simple_protocol modes (RDS Proxy's) results come back as text, which
+// pgx reads only in ISO: the Postgres store and the Reader pin their own, so
+// that registrations, replays and late retries work in every mode.
+func TestThePostgresStoreWorksUnderAnyDateStyle(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	ctx := context.Background()
+	_, err := b.db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive
+		(scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:late', '\x00', 201, 'ch_late', now() - interval '30 hours', now() - interval '6 hours')`)
+	require.NoError(t, err)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := b.db.NewPool(t, dbtest.WithParam("DateStyle", "SQL, DMY"), dbtest.WithParam("TimeZone", "America/St_Johns"),
+				func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+			store := livestore.NewPostgres(pool)
+			key := "idem:v1:datestyle-" + mode.String()
+			first, err := store.Register(ctx, idempotency.Registering{Key: key, Fingerprint: dbtest.Fingerprint("a"), TTL: time.Hour})
+			require.NoError(t, err)
+			require.True(t, first.Fresh)
+			require.WithinDuration(t, time.Now(), first.Entry.CreatedAt, time.Minute)
+			again, err := store.Register(ctx, idempotency.Registering{Key: key, Fingerprint: dbtest.Fingerprint("a"), TTL: time.Hour})
+			require.NoError(t, err)
+			require.False(t, again.Fresh)
+			require.True(t, first.Entry.CreatedAt.Equal(again.Entry.CreatedAt), "%v and %v", first.Entry.CreatedAt, again.Entry.CreatedAt)
+			require.True(t, first.Entry.ExpiresAt.Equal(again.Entry.ExpiresAt))
+
+			reader, err := archive.NewReader(pool, archive.Config{}, nil)
+			require.NoError(t, err)
+			mw, err := idempotency.New(idempotency.Config{Store: store, Archive: reader, SingleTenant: true, ArchiveTimeout: 30 * time.Second})
+			require.NoError(t, err)
+			h := &charges{}
+			w := post(mw.Wrap(h), "late", `{}`)
+			require.Equal(t, 409, w.Code, w.Body.String())
+			require.Equal(t, "ch_late", problemOf(t, w)["resource_id"])
+			require.Zero(t, h.calls.Load())
+		})
+	}
 }

@@ -122,8 +122,8 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 		var live, ahead bool
 		var created, expires *time.Time
 		var mayBeArchived bool
-		err := p.pool.QueryRow(ctx, pgRegisterSQL, req.Key, req.Fingerprint, l.ttlMS, l.skewMS, minted, expirySlack.Milliseconds()).
-			Scan(&live, &ahead, &created, &expires, &mayBeArchived)
+		err := p.queryRow(ctx, func(row pgx.Row) error { return row.Scan(&live, &ahead, &created, &expires, &mayBeArchived) },
+			pgRegisterSQL, req.Key, req.Fingerprint, l.ttlMS, l.skewMS, minted, expirySlack.Milliseconds())
 		if err != nil {
 			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 		}
@@ -156,12 +156,29 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 	return idempotency.Registration{}, errors.New("register idempotency key: the key keeps being released concurrently, or the writer lease keeps running out")
 }
 
+// dateStyleSQL pins the DateStyle of the statement after it, in the same
+// implicit transaction. In the exec and simple_protocol modes (RDS Proxy's)
+// results come back as text, which pgx reads only in ISO: a role, database
+// or parameter group with another DateStyle would fail every registration.
+const dateStyleSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true)"
+
+// queryRow runs sql with args after dateStyleSQL, in one round trip, and
+// passes its row to scan.
+func (p *Postgres) queryRow(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(dateStyleSQL)
+	b.Queue(sql, args...).QueryRow(scan)
+	return p.pool.SendBatch(ctx, b).Close()
+}
+
 func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, error) {
 	var e idempotency.Entry
 	var state string
 	var status int16
 	var response []byte
-	err := p.pool.QueryRow(ctx, pgGetSQL, key).Scan(&e.Fingerprint, &state, &status, &response, &e.ContentType, &e.ResourceID, &e.CreatedAt, &e.ExpiresAt)
+	err := p.queryRow(ctx, func(row pgx.Row) error {
+		return row.Scan(&e.Fingerprint, &state, &status, &response, &e.ContentType, &e.ResourceID, &e.CreatedAt, &e.ExpiresAt)
+	}, pgGetSQL, key)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return e, err

@@ -115,6 +115,11 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// dbClockSQL reads the database's clock as microseconds since 1970: a
+// number reads the same in every exec mode, where a timestamp read as text
+// (the exec and simple_protocol modes) parses only under DateStyle ISO.
+const dbClockSQL = "SELECT (extract(epoch FROM now()) * 1000000)::int8"
+
 // clocks returns the time months are created from and the time they are
 // retired by (see Config.Now).
 func (m *Manager) clocks(ctx context.Context, conn *pgx.Conn) (create, retire time.Time, err error) {
@@ -123,10 +128,11 @@ func (m *Manager) clocks(ctx context.Context, conn *pgx.Conn) (create, retire ti
 		return now, now, nil
 	}
 	host := time.Now()
-	var db time.Time
-	if err := conn.QueryRow(ctx, "SELECT now()").Scan(&db); err != nil {
+	var micros int64
+	if err := conn.QueryRow(ctx, dbClockSQL).Scan(&micros); err != nil {
 		return host, host, fmt.Errorf("read the database clock: %w", err)
 	}
+	db := time.UnixMicro(micros)
 	if db.Before(host) {
 		return host, db, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -100,6 +101,22 @@ func TestBoundsAreUTCMonthsInAnyTimeZoneAcrossAYearBoundary(t *testing.T) {
 			require.Equal(t, "idempotency_key_archive_2027_03", partitionOf(t, pool, "c", time.Date(2027, 3, 31, 23, 59, 59, 0, time.UTC)))
 			require.InDelta(t, cur.AddDate(0, 4, 0).Sub(now()).Hours()/24, res.NewestPartitionDays, 0.001)
 		})
+	}
+}
+
+// The manager reads the database's clock. In the exec and simple_protocol
+// modes (RDS Proxy's) results come back as text, which pgx reads only in
+// DateStyle ISO: the clock is read as a number, so that a role, database or
+// parameter group with another DateStyle does not stop every run.
+func TestTheDatabaseClockReadsUnderAnyDateStyle(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		pool := db.NewPool(t, dbtest.WithParam("DateStyle", "German"), dbtest.WithParam("TimeZone", "Asia/Kathmandu"),
+			func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+		res, err := newManager(t, pool, partition.Config{}).Run(context.Background(), false)
+		require.NoError(t, err, mode.String())
+		require.Equal(t, partition.MonthStart(time.Now()).AddDate(0, 4, 0), res.NewestUpperBound, mode.String())
 	}
 }
 

@@ -103,7 +103,10 @@ WITH RECURSIVE months (m) AS (
       FROM months
      WHERE months.m IS NOT NULL
 )
-SELECT m FROM months WHERE m IS NOT NULL`
+-- As microseconds since 1970 (m is a UTC timestamp without time zone): a
+-- number reads the same in every exec mode, where a timestamp read as text
+-- (the exec and simple_protocol modes) parses only under DateStyle ISO.
+SELECT (extract(epoch FROM m) * 1000000)::int8 FROM months WHERE m IS NOT NULL`
 
 // DefaultPause is the pause between batches when none is configured.
 const DefaultPause = 200 * time.Millisecond
@@ -603,9 +606,13 @@ func (s *Sweeper) uncoveredMonths(ctx context.Context) ([]time.Time, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list months of expired rows: %w", err)
 	}
-	months, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	micros, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		return nil, fmt.Errorf("list months of expired rows: %w", err)
+	}
+	months := make([]time.Time, len(micros))
+	for i, us := range micros {
+		months[i] = time.UnixMicro(us).UTC()
 	}
 	parts, err := partition.List(ctx, s.pool)
 	if err != nil {

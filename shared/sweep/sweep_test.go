@@ -297,6 +297,17 @@ func TestMissingPartition(t *testing.T) {
 		requireMissing(t, b, err)
 		require.EqualValues(t, 2, res.Backlog)
 	})
+	t.Run("named under any DateStyle, in the text modes too", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		seed(t, b)
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+			pool := b.db.NewPool(t, dbtest.WithParam("DateStyle", "SQL, DMY"), dbtest.WithParam("TimeZone", "Pacific/Kiritimati"),
+				func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+			_, err := newSweeper(t, pool, sweep.Config{FailOnMissingPartition: true}, b.parts, nil).Run(context.Background())
+			requireMissing(t, b, err)
+		}
+	})
 	t.Run("sweeper role may not create it and says so", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
