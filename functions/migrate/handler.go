@@ -47,7 +47,12 @@ type properties struct {
 // triggers are properties that exist only to make CloudFormation send an
 // Update when they change (a new package, another partition lead); the run
 // reads its configuration from the environment.
-var triggers = []string{"ServiceToken", "PackageSha256", "LeadMonths", "RetentionMonths"}
+var triggers = []string{"PackageSha256", "LeadMonths", "RetentionMonths"}
+
+// readByCloudFormation are the properties CloudFormation itself reads and passes
+// on in every event: the function's ARN, and how long it waits for an answer
+// (the stack sets it; CloudFormation may pass it as a number).
+var readByCloudFormation = []string{"ServiceToken", "ServiceTimeout"}
 
 // Handle adapts a CloudFormation custom resource event to provision.Run. The
 // archive is permanent: Delete changes nothing in the database.
@@ -112,10 +117,13 @@ func (h *handler) Handle(ctx context.Context, ev cfn.Event) (physicalID string, 
 // misspelt user property fails the deploy instead of creating no user.
 func decode(raw map[string]any) (properties, error) {
 	var p properties
-	known := append([]string{"SweeperUser", "ReaderUser", "OwnerUser", "WriterUser"}, triggers...)
+	known := slices.Concat([]string{"SweeperUser", "ReaderUser", "OwnerUser", "WriterUser"}, triggers, readByCloudFormation)
 	for k, v := range raw {
 		if !slices.Contains(known, k) {
 			return p, fmt.Errorf("unknown resource property %q (want %s)", k, strings.Join(known, ", "))
+		}
+		if slices.Contains(readByCloudFormation, k) {
+			continue
 		}
 		if _, ok := v.(string); !ok {
 			return p, fmt.Errorf("resource property %s must be a string, got %T", k, v)

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemarchive/idemarchive/shared/cfnresponse"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/provision"
@@ -111,7 +112,7 @@ func setup(t *testing.T) bundle {
 	db.Pool = db.NewPool(t)
 
 	env, stdout, stderr := testenv.FunctionEnv(t, db, nil)
-	h := lambda.NewHandler(cfn.LambdaWrap((&handler{env: env}).Handle))
+	h := lambda.NewHandler(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}))
 	c := newCloudFormation(t)
 	b := bundle{db: db, users: users, cfn: c, stdout: stdout, stderr: stderr}
 	b.invoke = func(event []byte) cfn.Response {
@@ -245,6 +246,43 @@ func TestFailuresAreReportedWithTheirReason(t *testing.T) {
 	require.EqualValues(t, 0, count(t, b, "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"))
 }
 
+// CloudFormation passes the properties it reads itself on in every event:
+// ServiceToken, and the ServiceTimeout the stack sets (as a string, or a
+// number). A Create with them is what every deploy sends.
+func TestThePropertiesCloudFormationReadsAreAccepted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, timeout := range []any{"1200", 1200} {
+		resp := b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) {
+			require.Contains(t, p, "ServiceToken")
+			require.Equal(t, "1200", p["ServiceTimeout"], "the sample event carries what the stack sets (infra/stack/migration.go)")
+			p["ServiceTimeout"] = timeout
+		}))
+		require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	}
+}
+
+// An answer that cannot be delivered fails the invocation, within the
+// function's time, with an error (which the Lambda runtime logs) that does
+// not carry the response URL's signature: with it, anyone who reads the log
+// could answer for the function.
+func TestAnUndeliverableAnswerLeaksNoSignature(t *testing.T) {
+	t.Parallel()
+	env, stdout, stderr := testenv.FunctionEnv(t, &dbtest.DB{URL: "postgres://nobody@127.0.0.1:1/none"}, nil)
+	h := lambda.NewHandler(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}))
+	var ev map[string]any
+	require.NoError(t, json.Unmarshal(testenv.Event(t, "migrate-cfn-delete.json"), &ev))
+	ev["ResponseURL"] = "http://127.0.0.1:1/response?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=SECRETSIG"
+	payload, _ := json.Marshal(ev)
+	out, err := h.Invoke(testenv.Invocation("req-unreachable"), payload)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "answer CloudFormation at http://127.0.0.1:1/response")
+	for _, text := range []string{err.Error(), string(out), stdout.String(), stderr.String()} {
+		require.NotContains(t, text, "SECRETSIG")
+		require.NotContains(t, text, "AKIAEXAMPLE")
+	}
+}
+
 // A user name that is the migrating user or another privileged role is never
 // taken over: granting it rds_iam would turn off its password sign-in (on
 // RDS the master user would be locked out), and no function may run with
@@ -290,7 +328,7 @@ func TestDatabaseFailureFailsTheDeployWithTheReason(t *testing.T) {
 	// GIVEN a function whose search_path names a schema that does not exist
 	db := &dbtest.DB{URL: dbtest.WithSearchPath(t, dbtest.URL(t), "no_such_schema_"+randomSuffix())}
 	env, _, _ := testenv.FunctionEnv(t, db, nil)
-	h := lambda.NewHandler(cfn.LambdaWrap((&handler{env: env}).Handle))
+	h := lambda.NewHandler(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}))
 	c := newCloudFormation(t)
 	b := bundle{cfn: c, users: provision.Users{Sweeper: "s_" + randomSuffix(), Reader: "r_" + randomSuffix(), Owner: "o_" + randomSuffix()}}
 	// WHEN the Create event is handled
@@ -306,7 +344,7 @@ func TestDeleteKeepsTheArchive(t *testing.T) {
 	t.Parallel()
 	// GIVEN a function whose database is unreachable
 	env, _, _ := testenv.FunctionEnv(t, &dbtest.DB{URL: "postgres://nobody@127.0.0.1:1/none"}, nil)
-	h := lambda.NewHandler(cfn.LambdaWrap((&handler{env: env}).Handle))
+	h := lambda.NewHandler(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}))
 	c := newCloudFormation(t)
 	var ev map[string]any
 	require.NoError(t, json.Unmarshal(testenv.Event(t, "migrate-cfn-delete.json"), &ev))

@@ -5,13 +5,13 @@
 package main
 
 import (
-	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/aws/aws-lambda-go/lambda"
 
+	"github.com/idemarchive/idemarchive/shared/cfnresponse"
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 )
 
 func main() {
 	env := fnenv.MustLoad()
-	lambda.StartWithOptions(cfn.LambdaWrap((&handler{env: env}).Handle), lambda.WithEnableSIGTERM(env.Close))
+	lambda.StartWithOptions(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}), lambda.WithEnableSIGTERM(env.Close))
 }
