@@ -163,6 +163,11 @@ type Registration struct {
 	Ahead bool
 }
 
+// ErrNotInFlight is what a Store's Complete returns when it finds no
+// in-flight entry with that fingerprint (it expired, was released, or a
+// Complete whose reply was lost already completed it).
+var ErrNotInFlight = errors.New("idempotency: key is not in flight")
+
 // Store is a live store: Postgres (livestore.Postgres) or Redis (livestore.Redis).
 type Store interface {
 	// Register creates an in-flight entry for the key unless one exists or
@@ -170,7 +175,8 @@ type Store interface {
 	// store a key whose timestamp lies more than ClockSkew ahead of the
 	// time it registers it: the archive's pruning relies on it.
 	Register(ctx context.Context, req Registering) (Registration, error)
-	// Complete records the outcome of the request that registered key.
+	// Complete records the outcome of the request that registered key, or
+	// returns ErrNotInFlight.
 	Complete(ctx context.Context, key string, c Completion) error
 	// Release removes an in-flight entry this request registered.
 	Release(ctx context.Context, key string, fingerprint []byte) error
@@ -417,7 +423,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if !reg.Fresh {
-		m.existing(w, r, reg.Entry, fp)
+		m.existing(w, r, scoped, reg.Entry, fp)
 		return
 	}
 
@@ -429,6 +435,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.archived(w, r, rec)
 			return
 		case errors.Is(err, archive.ErrNotFound):
+		case ctx.Err() != nil:
+			// The lookup failed because the request ended (the client went
+			// away, a server timeout), not because the archive is down:
+			// FailOpen must not run a key the archive may hold.
+			m.release(ctx, scoped, fp)
+			m.archiveUnavailable(w, r)
+			return
 		case m.cfg.OnArchiveError == FailOpen:
 			m.cfg.Logger.WarnContext(ctx, "idempotency: archive unavailable, failing open", "error", err)
 		default:
@@ -440,29 +453,32 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	rec := &recorder{header: http.Header{}, status: http.StatusOK}
-	completed := false
+	returned := false
 	defer func() {
-		if !completed {
-			// The handler panicked: free the key for a retry, then let the
-			// panic continue to the server's recovery.
+		if returned {
+			return
+		}
+		// The handler panicked; the panic goes on to the server's recovery.
+		// A handler that had answered a success or a 4xx did what it
+		// answered (a panic while it rendered, say): keep that outcome, so
+		// that a retry replays it instead of running again. One that had
+		// answered nothing, or a 5xx, frees the key for a retry.
+		if rec.wroteHeader && !rec.releases() {
+			m.complete(ctx, scoped, fp, rec)
+		} else {
 			m.release(ctx, scoped, fp)
 		}
 	}()
 	next.ServeHTTP(rec, r)
-	completed = true
+	returned = true
 
-	if rec.status >= 500 {
+	if rec.invalid {
+		m.cfg.Logger.ErrorContext(ctx, "idempotency: the handler wrote a status outside 100-599: answered and kept as 500", "status", rec.wrote)
+	}
+	if rec.releases() {
 		m.release(ctx, scoped, fp)
 	} else {
-		c := Completion{Fingerprint: fp, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path)}
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		err := m.cfg.Store.Complete(cctx, scoped, c)
-		cancel()
-		if err != nil {
-			// The operation happened: answer it. Retries see the key in
-			// flight until it expires.
-			m.cfg.Logger.ErrorContext(ctx, "idempotency: live store complete failed", "error", err)
-		}
+		m.complete(ctx, scoped, fp, rec)
 	}
 	for k, v := range rec.header {
 		w.Header()[k] = v
@@ -470,6 +486,48 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	w.WriteHeader(rec.status)
 	_, _ = w.Write(rec.body.Bytes())
 }
+
+// complete records the handler's outcome, trying again after a failure for
+// up to completeBudget: a key left in flight would be archived as never
+// completed, and a late retry told original_status 0 instead of what the
+// request did. Retrying is safe: Complete matches the in-flight entry of
+// this fingerprint, so once one attempt has landed the next finds none
+// (ErrNotInFlight), and stops.
+func (m *Middleware) complete(ctx context.Context, scoped string, fp []byte, rec *recorder) {
+	c := Completion{Fingerprint: fp, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path)}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeBudget)
+	defer cancel()
+	var err error
+retry:
+	for attempt := 1; ; attempt++ {
+		err = m.cfg.Store.Complete(cctx, scoped, c)
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, ErrNotInFlight):
+			if attempt > 1 {
+				return // an earlier attempt landed; its reply was lost
+			}
+			break retry // expired or released meanwhile: nothing to record
+		case attempt == completeAttempts:
+			break retry
+		}
+		select {
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		case <-cctx.Done():
+			break retry
+		}
+	}
+	// The operation happened: answer it. Retries see the key in flight
+	// until it expires.
+	m.cfg.Logger.ErrorContext(ctx, "idempotency: live store complete failed", "error", err)
+}
+
+// completeBudget and completeAttempts bound the recording of an outcome.
+const (
+	completeBudget   = 10 * time.Second
+	completeAttempts = 4
+)
 
 func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (archive.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
@@ -525,7 +583,7 @@ func (m *Middleware) archiveUnavailable(w http.ResponseWriter, r *http.Request) 
 	m.problem(w, r, http.StatusServiceUnavailable, "archive_unavailable", "cannot tell whether this key was used before; retry later", nil)
 }
 
-func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, e Entry, fp []byte) {
+func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped string, e Entry, fp []byte) {
 	switch {
 	case !bytes.Equal(e.Fingerprint, fp):
 		m.problem(w, r, http.StatusUnprocessableEntity, "idempotency_key_reused", "this key was already used for a different request", nil)
@@ -535,6 +593,13 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, e Entry, f
 		status := e.Status
 		if e.State == InFlight {
 			status = archive.InFlightStatus
+			if rec, ok := m.archivedOutcome(r.Context(), scoped, fp); ok {
+				// The request completed but its store could not record it
+				// (a Redis store archives first, then marks the hash): the
+				// archive has the outcome.
+				m.expired(w, r, rec.Status, rec.ResourceID, rec.CreatedAt, rec.ExpiredAt)
+				return
+			}
 		}
 		m.expired(w, r, status, e.ResourceID, e.CreatedAt, e.ExpiresAt)
 	case e.State == InFlight:
@@ -548,6 +613,19 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, e Entry, f
 		w.WriteHeader(e.Status)
 		_, _ = w.Write(e.Body)
 	}
+}
+
+// archivedOutcome returns the archive's completed row for a key whose live
+// entry expired in flight, when the archive can say so.
+func (m *Middleware) archivedOutcome(ctx context.Context, scoped string, fp []byte) (archive.Record, bool) {
+	if m.cfg.Archive == nil {
+		return archive.Record{}, false
+	}
+	rec, err := m.lookup(ctx, scoped, fp)
+	if err != nil || rec.InFlight() || (rec.FingerprintMatch != nil && !*rec.FingerprintMatch) {
+		return archive.Record{}, false
+	}
+	return rec, true
 }
 
 func (m *Middleware) retryAfter(w http.ResponseWriter) {
@@ -647,7 +725,12 @@ type recorder struct {
 	header      http.Header
 	status      int
 	wroteHeader bool
-	body        bytes.Buffer
+	// invalid says the handler wrote a status outside 100-599 (net/http
+	// takes up to 999; WriteHeader(0) would panic), wrote, which the
+	// recorder answers and keeps as 500.
+	invalid bool
+	wrote   int
+	body    bytes.Buffer
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -656,12 +739,22 @@ func (r *recorder) Header() http.Header { return r.header }
 // as 103 Early Hints) is not the answer and is never stored: a later
 // WriteHeader or Write sets the real one.
 func (r *recorder) WriteHeader(status int) {
-	if status >= 100 && status < 200 {
+	if status >= 100 && status < 200 || r.wroteHeader {
 		return
 	}
-	if !r.wroteHeader {
-		r.status, r.wroteHeader = status, true
+	r.wroteHeader = true
+	if status < 100 || status > 599 {
+		r.invalid, r.wrote, status = true, status, http.StatusInternalServerError
 	}
+	r.status = status
+}
+
+// releases says whether the outcome frees the key for a retry: a 5xx the
+// handler chose, which says nothing happened. A status it wrote outside
+// 100-599 says nothing of what happened, so the key keeps the 500 it is
+// answered with.
+func (r *recorder) releases() bool {
+	return r.status >= 500 && !r.invalid
 }
 
 func (r *recorder) Write(p []byte) (int, error) {

@@ -18,8 +18,8 @@ import (
 )
 
 // ErrNotInFlight means Complete found no in-flight entry with that fingerprint
-// (it expired, or was released).
-var ErrNotInFlight = errors.New("livestore: key is not in flight")
+// (it expired, or was released): idempotency.ErrNotInFlight.
+var ErrNotInFlight = idempotency.ErrNotInFlight
 
 // Postgres keeps live keys in idempotency_keys.
 //

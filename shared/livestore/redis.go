@@ -84,7 +84,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.call('HGETALL', KEYS[1])
 end
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'in_flight', 'created', ARGV[2], 'expires', ARGV[3])
-redis.call('PEXPIREAT', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return false`)
 
 	redisComplete = redis.NewScript(`
@@ -95,7 +95,7 @@ redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'body', ARG
 if ARGV[7] == '1' then
   redis.call('PERSIST', KEYS[1])
 else
-  redis.call('PEXPIREAT', KEYS[1], redis.call('HGET', KEYS[1], 'expires'))
+  redis.call('PEXPIRE', KEYS[1], ARGV[8])
 end
 return 1`)
 
@@ -134,7 +134,11 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 		return idempotency.Registration{Entry: entryFromHash(h)}, nil
 	}
 	created, expires := now.UnixMilli(), now.Add(req.TTL).UnixMilli()
-	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, now.Add(req.TTL+inFlightGrace).UnixMilli()).Result()
+	// Expiries are relative: the hash's times come from this process's
+	// clock, and an absolute PEXPIREAT read by a Redis server whose clock is
+	// ahead by more than the TTL would drop the hash at once, and let the
+	// next identical request register it again.
+	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds()).Result()
 	if errors.Is(err, redis.Nil) {
 		e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}
 		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true}, nil
@@ -199,7 +203,10 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	if c.ResourceID != nil {
 		rid, hasRID = *c.ResourceID, "1"
 	}
-	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID, persist).Int()
+	// The completed hash lives to the end of its window (by this process's
+	// clock, as the window was set), at least a second.
+	remaining := max(time.Second, e.ExpiresAt.Sub(s.now())).Milliseconds()
+	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID, persist, remaining).Int()
 	switch {
 	case archiveErr != nil:
 		return fmt.Errorf("archive idempotency key at completion (the key is kept in Redis without expiry until archived): %w", archiveErr)

@@ -1,0 +1,205 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/livestore"
+	"github.com/idemarchive/idemarchive/shared/testenv"
+)
+
+// A status net/http takes but HTTP does not define (600-999), or one it
+// would panic on (0): it says nothing of what the handler did, so the
+// request is answered 500 and the key keeps that answer. It is never
+// released for a retry (a 5xx the handler chose says nothing happened; this
+// does not), and the middleware never panics on it.
+func TestAStatusOutsideHTTPIsKeptAs500(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		for _, status := range []int{0, 99, 600, 999, 1000, -1} {
+			calls := 0
+			srv := b.middleware(t, idempotency.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls++
+				w.WriteHeader(status)
+				_, _ = w.Write([]byte(`{"id":"ch_odd"}`))
+			}))
+			key := fmt.Sprintf("odd-status-%d", status)
+			first := post(srv, key, `{}`)
+			require.Equal(t, 500, first.Code, "status %d", status)
+			again := post(srv, key, `{}`)
+			require.Equal(t, 500, again.Code, "status %d", status)
+			require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "status %d: kept, not released", status)
+			require.Equal(t, 1, calls, "status %d", status)
+		}
+	})
+}
+
+// A handler that answered and then panicked (a render bug after the charge)
+// did what it answered: its key keeps that answer, and the retry replays it.
+// One that panicked before answering, or after a 5xx, frees the key.
+func TestAPanicAfterAnAnswerKeepsTheAnswer(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		for _, tc := range []struct {
+			key      string
+			status   int // 0: panics before answering
+			released bool
+		}{
+			{"panic-after-201", 201, false},
+			{"panic-after-409", 409, false},
+			{"panic-before", 0, true},
+			{"panic-after-503", 503, true},
+		} {
+			var calls atomic.Int32
+			srv := b.middleware(t, idempotency.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n := calls.Add(1)
+				if n == 1 {
+					if tc.status != 0 {
+						w.WriteHeader(tc.status)
+						fmt.Fprintf(w, `{"id":"ch_%d"}`, n)
+					}
+					panic("a bug after the work")
+				}
+				w.WriteHeader(201)
+				fmt.Fprintf(w, `{"id":"ch_%d"}`, n)
+			}))
+			func() {
+				defer func() { require.NotNil(t, recover(), "the panic goes on to the server") }()
+				post(srv, tc.key, `{}`)
+			}()
+			again := post(srv, tc.key, `{}`)
+			if tc.released {
+				require.Equal(t, 201, again.Code, tc.key)
+				require.EqualValues(t, 2, calls.Load(), "%s runs again", tc.key)
+			} else {
+				require.Equal(t, tc.status, again.Code, tc.key)
+				require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), tc.key)
+				require.Equal(t, `{"id":"ch_1"}`, again.Body.String(), tc.key)
+				require.EqualValues(t, 1, calls.Load(), "%s never runs again", tc.key)
+			}
+		}
+	})
+}
+
+// cancelThenLookup ends the request (its client goes away) while the
+// archive lookup runs.
+type cancelThenLookup struct {
+	inner  idempotency.Archive
+	cancel context.CancelFunc
+}
+
+func (a cancelThenLookup) Lookup(ctx context.Context, key string, fp []byte) (archive.Record, error) {
+	a.cancel()
+	return a.inner.Lookup(ctx, key, fp)
+}
+
+// With FailOpen, a lookup that fails because the request ended is not an
+// archive outage: the handler never runs a key the archive may hold, and
+// the key is released.
+func TestFailOpenNeverRunsAKeyWhoseRequestEnded(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:late-open", Status: 201, ResourceID: ptr("ch_orig"),
+			CreatedAt: time.Now().Add(-30 * time.Hour), ExpiredAt: time.Now().Add(-6 * time.Hour), Fingerprint: emptyBodyFP})
+		ctx, cancel := context.WithCancel(context.Background())
+		h := &charges{}
+		srv := b.middleware(t, idempotency.Config{Archive: cancelThenLookup{inner: b.reader, cancel: cancel}, OnArchiveError: idempotency.FailOpen}).Wrap(h)
+		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`)).WithContext(ctx)
+		r.Header.Set(idempotency.HeaderKey, "late-open")
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, r)
+		require.Zero(t, h.calls.Load(), "answered %d", w.Code)
+		require.Equal(t, 503, w.Code)
+
+		late := post(b.middleware(t, idempotency.Config{OnArchiveError: idempotency.FailOpen}).Wrap(h), "late-open", `{}`)
+		require.Equal(t, 409, late.Code, "the key was released: %s", late.Body.String())
+		require.Equal(t, "ch_orig", problemOf(t, late)["resource_id"])
+		require.Zero(t, h.calls.Load())
+	})
+}
+
+// flakyComplete fails the first n Completes, as a database blip would, or
+// lands the first and loses its reply.
+type flakyComplete struct {
+	idempotency.Store
+	failures   atomic.Int32
+	lostReplay bool
+}
+
+func (f *flakyComplete) Complete(ctx context.Context, key string, c idempotency.Completion) error {
+	if f.failures.Add(-1) >= 0 {
+		if f.lostReplay {
+			_ = f.Store.Complete(ctx, key, c)
+			return errors.New("read tcp: i/o timeout")
+		}
+		return errors.New("conn reset by peer")
+	}
+	return f.Store.Complete(ctx, key, c)
+}
+
+// A completion that fails once is tried again: the outcome is kept, and a
+// late retry after the sweep is told the original status and resource id,
+// not "never completed". One whose reply was lost after it landed stops at
+// the next attempt's ErrNotInFlight.
+func TestACompletionThatFailsIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	for _, lost := range []bool{false, true} {
+		b := setup(t, pg)
+		store := &flakyComplete{Store: b.store, lostReplay: lost}
+		store.failures.Store(2)
+		var logs strings.Builder
+		mw, err := idempotency.New(idempotency.Config{Store: store, SingleTenant: true, Archive: b.reader, LiveTTL: time.Second,
+			ArchiveTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		require.NoError(t, err)
+		h := &charges{}
+		srv := mw.Wrap(h)
+		require.Equal(t, 201, post(srv, "blip", `{}`).Code)
+		require.NotContains(t, logs.String(), "complete failed", "lost=%v", lost)
+		time.Sleep(1100 * time.Millisecond)
+		require.EqualValues(t, 1, sweepAll(t, b))
+		w := post(srv, "blip", `{}`)
+		require.Equal(t, 409, w.Code, w.Body.String())
+		p := problemOf(t, w)
+		require.EqualValues(t, 201, p["original_status"], w.Body.String())
+		require.Equal(t, "ch_1", p["resource_id"])
+		require.EqualValues(t, 1, h.calls.Load())
+	}
+}
+
+// A Redis completion that archived its row but could not mark the hash
+// completed (a reset, a crash) leaves an in-flight hash: once its window
+// ends, retries are answered from the archive's outcome, not as never
+// completed.
+func TestAnExpiredInFlightEntryIsAnsweredFromTheArchive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	client, prefix := testenv.Redis(t)
+	client.AddHook(failCompletion{})
+	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, b.db.Pool, prefix), SingleTenant: true, Archive: b.reader,
+		LiveTTL: time.Second, ArchiveTimeout: 30 * time.Second})
+	require.NoError(t, err)
+	h := &charges{}
+	srv := mw.Wrap(h)
+	require.Equal(t, 201, post(srv, "half", `{}`).Code)
+	time.Sleep(1200 * time.Millisecond)
+	w := post(srv, "half", `{}`)
+	require.Equal(t, 409, w.Code, w.Body.String())
+	p := problemOf(t, w)
+	require.Equal(t, "idempotency_key_expired", p["code"])
+	require.EqualValues(t, 201, p["original_status"], w.Body.String())
+	require.Equal(t, "ch_1", p["resource_id"])
+	require.EqualValues(t, 1, h.calls.Load())
+}
