@@ -81,6 +81,11 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		return sweep.Result{}, err
 	}
 	res, err := s.Run(ctx)
+	if res.Unarchivable > 0 {
+		log.WarnContext(ctx, "expired live rows that expire before year 1 ('-infinity', a BC date) can never be archived: no partition can hold them. "+
+			"They stay live and are answered 409 expired; correct their expires_at or delete them",
+			"unarchivable", res.Unarchivable)
+	}
 	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) {
 		fix := fmt.Sprintf("raise the function's timeout well above SWEEP_DEADLINE_MARGIN (%s), for example to 5 minutes, "+
 			"or lower SWEEP_DEADLINE_MARGIN (default SWEEP_STATEMENT_TIMEOUT + 5s) below the timeout", noBatch.Margin)

@@ -45,10 +45,15 @@
 -- exists (ON CONFLICT DO NOTHING returns nothing for it) still leaves the live
 -- table, or every later batch would select it again and the backlog would
 -- never drain (the runbook's DELETE ... USING archived has that bug).
+-- Rows that expire before year 1 ('-infinity', a BC date: written by hand or
+-- by another writer) are never claimed: no archive partition can be named
+-- or bounded for them, and as the oldest rows every batch would claim them
+-- first, fail, and move nothing behind them. They stay live (the middleware
+-- answers them 409 expired) and the sweeper reports them (unarchivableSQL).
 WITH claimed AS MATERIALIZED (
     SELECT ctid
       FROM idempotency_keys
-     WHERE expires_at < now()
+     WHERE expires_at < now() AND expires_at >= '0001-01-01 00:00:00+00'
      ORDER BY expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED

@@ -86,6 +86,10 @@ var errArchiveConflict = errors.New("an archive row of the batch exists already"
 // so that a huge backlog costs a bounded scan.
 const backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE expires_at < now() LIMIT $1) s`
 
+// unarchivableSQL counts the expired live rows a batch never claims (see
+// batch.sql): those that expire before year 1, up to a cap.
+const unarchivableSQL = `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE expires_at < '0001-01-01 00:00:00+00' LIMIT $1) s`
+
 // backlogMonthsSQL lists every UTC month the expired backlog falls in, with
 // one probe of the expiry index per month. Not only the months of the oldest
 // rows: a batch skips rows other sweepers or completions hold locked, so the
@@ -94,7 +98,7 @@ const backlogMonthsSQL = `
 WITH RECURSIVE months (m) AS (
     SELECT date_trunc('month', min(expires_at) AT TIME ZONE 'UTC')
       FROM idempotency_keys
-     WHERE expires_at < now()
+     WHERE expires_at < now() AND expires_at >= '0001-01-01 00:00:00+00'
     UNION ALL
     SELECT (SELECT date_trunc('month', min(k.expires_at) AT TIME ZONE 'UTC')
               FROM idempotency_keys k
@@ -288,7 +292,11 @@ type Result struct {
 	Stopped string `json:"stopped"`
 	// Backlog is the number of expired rows still live after the run, capped at
 	// Config.BacklogCap; -1 when it could not be counted.
-	Backlog           int64    `json:"backlog"`
+	Backlog int64 `json:"backlog"`
+	// Unarchivable is the part of Backlog that no batch moves: rows that
+	// expire before year 1 ('-infinity', a BC date), for which no archive
+	// partition can exist. They stay live; fix or delete them.
+	Unarchivable      int64    `json:"unarchivable"`
 	PartitionsCreated []string `json:"partitions_created"`
 	DurationMS        int64    `json:"duration_ms"`
 }
@@ -432,6 +440,9 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		defer cancel()
 		if n, berr := s.Backlog(bctx); berr == nil {
 			res.Backlog = n
+		}
+		if res.Backlog != 0 {
+			_ = s.pool.QueryRow(bctx, unarchivableSQL, s.cfg.BacklogCap).Scan(&res.Unarchivable)
 		}
 		if noBatch != nil && err == nil && res.Backlog != 0 {
 			noBatch.Backlog = res.Backlog

@@ -808,3 +808,40 @@ func TestMissingPartitionBehindLockedRows(t *testing.T) {
 		})
 	}
 }
+
+// Rows that expire before year 1 ('-infinity', a BC date, written by hand or
+// another writer) can have no archive partition. As the oldest rows every
+// batch would claim them first and fail: they are never claimed, every other
+// expired row is archived behind them, and the run reports them.
+func TestRowsNoPartitionCanHoldDoNotStallTheSweep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for _, tc := range []struct{ key, created, expires string }{
+		{"idem:v1:bc", "0100-01-01 00:00:00+00 BC", "0100-01-02 00:00:00+00 BC"},
+		{"idem:v1:minus-infinity", "-infinity", "4713-01-01 00:00:00+00 BC"},
+	} {
+		_, err := b.db.Pool.Exec(ctx, `INSERT INTO idempotency_keys (scoped_key, fingerprint, state, created_at, expires_at, skew_ms)
+			VALUES ($1, $2, 'in_flight', $3::timestamptz, $4::timestamptz, 0)`, tc.key, dbtest.Fingerprint(tc.key), tc.created, tc.expires)
+		require.NoError(t, err)
+	}
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:year-one", Status: 201, ExpiresAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)},
+		dbtest.LiveRow{Key: "idem:v1:recent", Status: 201, ExpiresAt: time.Now().Add(-time.Hour)},
+	)
+	for _, fail := range []bool{true, false} {
+		res, err := newSweeper(t, b.db.Pool, sweep.Config{FailOnMissingPartition: fail}, b.parts, nil).Run(ctx)
+		if fail {
+			var missing *sweep.MissingPartitionError
+			require.ErrorAs(t, err, &missing, "year 1 has no partition yet")
+			require.ErrorContains(t, err, "0001-01")
+			continue
+		}
+		require.NoError(t, err)
+		require.EqualValues(t, 2, res.Moved, "year 1 and the recent row")
+		require.EqualValues(t, 2, res.Backlog)
+		require.EqualValues(t, 2, res.Unarchivable)
+	}
+	require.EqualValues(t, 2, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+	require.EqualValues(t, 2, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys WHERE scoped_key IN ('idem:v1:bc', 'idem:v1:minus-infinity')"), "never lost")
+}
