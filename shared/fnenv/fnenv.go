@@ -46,7 +46,7 @@ func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Wri
 	if err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
 	}
-	if getenv("DATABASE_MAX_CONNS") == "" {
+	if s.Database.MaxConns == 0 { // unset: settings refuses an explicit 0
 		s.Database.MaxConns = DefaultMaxConns
 	}
 	env := &Env{

@@ -86,7 +86,19 @@ var Variables = []Variable{
 
 // FromEnv reads and validates the settings. getenv is os.Getenv outside tests.
 func FromEnv(getenv func(string) string) (Settings, error) {
-	r := reader{getenv: getenv}
+	raw, r := getenv, reader{}
+	// Every value is read trimmed, and a variable set to blanks alone is
+	// refused: a stray "DATABASE_MAX_CONNS= " in an env file is a mistake,
+	// never a request for the default.
+	r.getenv = func(name string) string {
+		v := raw(name)
+		t := strings.TrimSpace(v)
+		if v != "" && t == "" {
+			r.fail(name, errors.New("is set to blanks only: unset it or give it a value"))
+		}
+		return t
+	}
+	getenv = r.getenv
 	s := Settings{
 		Database: database.Config{
 			URL:         getenv("DATABASE_URL"),

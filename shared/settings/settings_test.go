@@ -252,3 +252,33 @@ func TestPartitionCompactPerRunHonoursZero(t *testing.T) {
 		}
 	}
 }
+
+// A variable set to blanks alone is a mistake like any other bad value:
+// refused, naming the variable, never silently the default (a blank
+// DATABASE_MAX_CONNS gave the pool default of 4 in Lambda, where the
+// functions' default is 2). Values are read trimmed.
+func TestBlankValuesAreRefusedAndValuesTrimmed(t *testing.T) {
+	for _, name := range []string{"LIVE_TTL", "SWEEP_BATCH_SIZE", "DATABASE_MAX_CONNS", "DATABASE_URL", "DATABASE_SECRET_ARN",
+		"SWEEP_RESOURCE_ID_PATH", "METRICS_NAMESPACE", "CLOCK_SKEW", "PARTITION_COMPACT_PER_RUN", "DATABASE_EXEC_MODE"} {
+		m := map[string]string{"DATABASE_URL": "postgres://u@localhost/db", name: " \t\n"}
+		_, err := FromEnv(env(m))
+		if err == nil || !strings.Contains(err.Error(), name+": is set to blanks only") {
+			t.Errorf("%s set to blanks: got %v", name, err)
+		}
+	}
+	s, err := FromEnv(env(map[string]string{"DATABASE_URL": " postgres://u@localhost/db\n", "SWEEP_RESOURCE_ID_PATH": "data.id\n", "DATABASE_EXEC_MODE": " exec "}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Database.URL != "postgres://u@localhost/db" || s.Sweep.ResourceIDPath != "data.id" || s.Database.ExecMode != "exec" {
+		t.Errorf("values not trimmed: %q %q %q", s.Database.URL, s.Sweep.ResourceIDPath, s.Database.ExecMode)
+	}
+	// Spaces inside a path name no key of any response: every archived row
+	// would lose its resource id without a word.
+	for _, path := range []string{"data. id", "data .id", "data.id. x"} {
+		_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "SWEEP_RESOURCE_ID_PATH": path}))
+		if err == nil || !strings.Contains(err.Error(), "SWEEP_RESOURCE_ID_PATH") {
+			t.Errorf("SWEEP_RESOURCE_ID_PATH=%q: got %v", path, err)
+		}
+	}
+}

@@ -255,6 +255,12 @@ func (c Config) Validate() error {
 	if slices.Contains(strings.Split(c.ResourceIDPath, "."), "") {
 		return bad("ResourceIDPath", "resource id path %q has an empty segment", c.ResourceIDPath)
 	}
+	// A segment with spaces around it ("data. id", a trailing newline from
+	// an env file) would name no key of any response, and every archived
+	// row would lose its resource id without a word.
+	if slices.ContainsFunc(strings.Split(c.ResourceIDPath, "."), func(seg string) bool { return strings.TrimSpace(seg) != seg }) {
+		return bad("ResourceIDPath", "resource id path %q has a segment with spaces around it", c.ResourceIDPath)
+	}
 	return nil
 }
 
