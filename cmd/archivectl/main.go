@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -122,7 +123,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	// --emit-metrics is every command's flag: taken out before the
 	// command's own flags are parsed, and only before "--" (after it,
 	// everything is an argument).
-	rest, emitMetrics := takeFlag(args[1:], "emit-metrics")
+	rest, emitMetrics, err := takeFlag(args[1:], "emit-metrics")
+	if err != nil {
+		return fail(err)
+	}
 	// A first pass parses the flags alone: help and flag errors need
 	// neither configuration nor a database. Only the flag parser can tell
 	// "-h" the flag from "-h" the key or value.
@@ -400,6 +404,9 @@ func cmdQuery(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
 	}
+	if err := atLeast(fs, "limit", q.Limit, 1); err != nil {
+		return err
+	}
 	var err error
 	if q.CreatedFrom, err = parseTime("--created-from", from); err != nil {
 		return err
@@ -424,6 +431,9 @@ func cmdVerify(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 	fs.DurationVar(&opts.Recent, "recent", 24*time.Hour, "window in which archive rows must exist")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
+	}
+	if opts.Recent <= 0 {
+		return fmt.Errorf("--recent must be a positive duration, got %s", opts.Recent)
 	}
 	checks, err := verify.Run(ctx, pool, opts)
 	if err != nil {
@@ -500,20 +510,30 @@ func flagPart(args []string) []string {
 	return args
 }
 
-// takeFlag removes a boolean flag (-name or --name) from the flag part of
-// args, and reports whether it was there.
-func takeFlag(args []string, name string) ([]string, bool) {
+// takeFlag removes a boolean flag (-name or --name, or either with =value
+// as the flag package spells booleans: =true, =false, =1, =0, ...) from the
+// flag part of args, and reports whether it is on.
+func takeFlag(args []string, name string) ([]string, bool, error) {
 	flags := flagPart(args)
 	out := make([]string, 0, len(args))
-	found := false
+	on := false
 	for _, a := range flags {
-		if a == "-"+name || a == "--"+name {
-			found = true
+		flag, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if !strings.HasPrefix(a, "-") || flag != name {
+			out = append(out, a)
 			continue
 		}
-		out = append(out, a)
+		if !hasValue {
+			on = true
+			continue
+		}
+		b, err := strconv.ParseBool(value)
+		if err != nil {
+			return nil, false, fmt.Errorf("invalid boolean value %q for --%s", value, name)
+		}
+		on = b
 	}
-	return append(out, args[len(flags):]...), found
+	return append(out, args[len(flags):]...), on, nil
 }
 
 // atLeast rejects a flag given explicitly with a value below min.

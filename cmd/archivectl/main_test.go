@@ -175,6 +175,10 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 		{"query NUL scope prefix", nil, []string{"query", "--scope-prefix", "idem:\x00", "--created-from", "2026-01-01T00:00:00Z", "--created-to", "2026-02-01T00:00:00Z"}, "invalid query"},
 		{"query bad time", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "yesterday", "--created-to", "2026-01-01T00:00:00Z"}, "--created-from is not an RFC 3339 time"},
 		{"query reversed window", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "2026-02-01T00:00:00Z", "--created-to", "2026-01-01T00:00:00Z"}, "created_from must be before created_to"},
+		{"query zero limit", nil, []string{"query", "--limit", "0", "--scope-prefix", "idem:", "--created-from", "2026-01-01T00:00:00Z", "--created-to", "2026-02-01T00:00:00Z"}, "--limit must be at least 1, got 0"},
+		{"verify zero window", nil, []string{"verify", "--recent", "0"}, "--recent must be a positive duration, got 0s"},
+		{"verify negative window", nil, []string{"verify", "--recent", "-1h"}, "--recent must be a positive duration, got -1h0m0s"},
+		{"emit-metrics not a boolean", nil, []string{"lookup", "--emit-metrics=maybe", "k"}, "invalid boolean value"},
 		{"query bad cursor", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "2026-01-01T00:00:00Z", "--created-to", "2026-02-01T00:00:00Z", "--cursor", "%%%"}, "invalid cursor"},
 		{"bad env duration", map[string]string{"SWEEP_PAUSE": "soon"}, []string{"sweep"}, `SWEEP_PAUSE: not a duration`},
 		{"bad env mode", map[string]string{"SWEEP_MISSING_PARTITION": "maybe"}, []string{"sweep"}, `SWEEP_MISSING_PARTITION: want create or fail`},
@@ -188,6 +192,18 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 			requireOneLineError(t, r, tc.want)
 			require.NotContains(t, r.stderr, "s3cret")
 		})
+	}
+}
+
+// --emit-metrics takes the spellings of any boolean flag.
+func TestEmitMetricsSpellings(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	for flag, on := range map[string]bool{"--emit-metrics": true, "--emit-metrics=true": true, "-emit-metrics=1": true, "--emit-metrics=false": false, "-emit-metrics=0": false} {
+		r := cli(t, db, nil, "lookup", flag, "idem:v1:none")
+		require.Equal(t, exitNo, r.code, "%s: %s", flag, r.stderr)
+		require.Equal(t, on, strings.Contains(r.stderr, "idempotency_archive_lookup_duration_ms"), "%s", flag)
 	}
 }
 
