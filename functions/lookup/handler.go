@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/url"
+	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
 
@@ -27,13 +29,30 @@ func newHandler(env *fnenv.Env) *handler {
 }
 
 // shape tells the event shapes apart: HTTP API 2.0 events carry version
-// "2.0" and rawPath, REST proxy events httpMethod; anything else is a direct
+// "2.0" and rawPath (so do function URL events, whose domain name is a
+// lambda-url one), REST proxy events httpMethod and no version, HTTP API
+// 1.0 events httpMethod and version "1.0"; anything else is a direct
 // invocation.
 type shape struct {
-	Version    string `json:"version"`
-	RawPath    string `json:"rawPath"`
-	HTTPMethod string `json:"httpMethod"`
+	Version        string `json:"version"`
+	RawPath        string `json:"rawPath"`
+	HTTPMethod     string `json:"httpMethod"`
+	RequestContext struct {
+		DomainName string `json:"domainName"`
+	} `json:"requestContext"`
 }
+
+// functionURL reports a Lambda function URL's domain
+// (<id>.lambda-url.<region>.on.aws).
+func functionURL(domain string) bool {
+	return strings.Contains(domain, ".lambda-url.") && strings.HasSuffix(domain, ".on.aws")
+}
+
+// errPayloadV1 refuses HTTP API events of payload format 1.0: their path
+// arrives decoded where a REST API's arrives encoded, and the two cannot be
+// told apart by the path alone, so a key with '%' in it would be read as
+// another key.
+var errPayloadV1 = errors.New("HTTP API payload format 1.0 is not supported: configure the integration with payload format 2.0")
 
 func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	requestID := fnenv.RequestID(ctx)
@@ -47,9 +66,19 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		if err := json.Unmarshal(payload, &ev); err != nil {
 			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
 		}
-		// HTTP APIs deliver rawPath already percent-decoded.
-		r := h.api.Serve(ctx, lookupapi.Request{Method: ev.RequestContext.HTTP.Method, Path: ev.RawPath, Query: ev.QueryStringParameters, RequestID: requestID})
+		var r lookupapi.Response
+		if functionURL(ev.RequestContext.DomainName) {
+			// Function URLs deliver rawPath as the client sent it.
+			r = h.serveEncoded(ctx, ev.RequestContext.HTTP.Method, ev.RawPath, ev.QueryStringParameters, requestID)
+		} else {
+			// HTTP APIs deliver rawPath already percent-decoded.
+			r = h.api.Serve(ctx, lookupapi.Request{Method: ev.RequestContext.HTTP.Method, Path: ev.RawPath, Query: ev.QueryStringParameters, RequestID: requestID})
+		}
 		return h.respond(ctx, events.APIGatewayV2HTTPResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+
+	case sh.HTTPMethod != "" && sh.Version != "":
+		r := h.api.ErrorResponse(ctx, badPayload(errPayloadV1), requestID)
+		return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
 
 	case sh.HTTPMethod != "":
 		var ev events.APIGatewayProxyRequest

@@ -119,6 +119,30 @@ func v1(method, path string, query map[string]string) []byte {
 	return b
 }
 
+func functionURLEvent(method, rawPath string) []byte {
+	ev := events.APIGatewayV2HTTPRequest{Version: "2.0", RawPath: rawPath}
+	ev.RequestContext.HTTP.Method = method
+	ev.RequestContext.DomainName = "abcdefghij0123456789klmnop.lambda-url.eu-west-1.on.aws"
+	b, _ := json.Marshal(ev)
+	return b
+}
+
+// An HTTP API integration of payload format 1.0 delivers its path decoded,
+// where a REST API's is encoded: the two cannot be told apart by the path,
+// so such events are refused with a 400 that says what to change, rather
+// than a key with '%' in it being read as another key.
+func TestHTTPAPIPayloadFormat1IsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ev, _ := json.Marshal(map[string]any{"version": "1.0", "httpMethod": "GET", "path": "/v1/archive/keys/idem:v1:a b/c%d:e",
+		"requestContext": map[string]any{"httpMethod": "GET", "path": "/v1/archive/keys/idem:v1:a b/c%d:e"}})
+	var resp events.APIGatewayProxyResponse
+	require.NoError(t, json.Unmarshal(b.invoke(t, ev), &resp))
+	require.Equal(t, 400, resp.StatusCode, resp.Body)
+	require.Contains(t, resp.Body, "payload format 2.0")
+	require.Equal(t, "application/problem+json", resp.Headers["Content-Type"])
+}
+
 func TestKeysWithAwkwardCharacters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -129,6 +153,8 @@ func TestKeysWithAwkwardCharacters(t *testing.T) {
 		"REST path":       v1("GET", "/v1/archive/keys/"+url.PathEscape(key), nil),
 		"REST with stage": v1("GET", "/prod/v1/archive/keys/"+url.PathEscape(key), nil),
 		"query form":      v2("GET", "/v1/archive/lookup", map[string]string{"scoped_key": key}),
+		// A function URL hands it rawPath as the client sent it.
+		"function URL path": functionURLEvent("GET", "/v1/archive/keys/"+url.PathEscape(key)),
 	} {
 		t.Run(name, func(t *testing.T) {
 			var resp events.APIGatewayV2HTTPResponse
