@@ -464,7 +464,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// that a retry replays it instead of running again. One that had
 		// answered nothing, or a 5xx, frees the key for a retry.
 		if rec.wroteHeader && !rec.releases() {
-			m.complete(ctx, scoped, fp, rec)
+			m.complete(ctx, scoped, fp, rec.cutShort(m.path))
 		} else {
 			m.release(ctx, scoped, fp)
 		}
@@ -495,32 +495,39 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // (ErrNotInFlight), and stops.
 func (m *Middleware) complete(ctx context.Context, scoped string, fp []byte, rec *recorder) {
 	c := Completion{Fingerprint: fp, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path)}
+	if rec.resourceID != nil {
+		c.ResourceID = *rec.resourceID
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeBudget)
 	defer cancel()
 	var err error
-retry:
 	for attempt := 1; ; attempt++ {
 		err = m.cfg.Store.Complete(cctx, scoped, c)
 		switch {
 		case err == nil:
 			return
-		case errors.Is(err, ErrNotInFlight):
-			if attempt > 1 {
-				return // an earlier attempt landed; its reply was lost
-			}
-			break retry // expired or released meanwhile: nothing to record
-		case attempt == completeAttempts:
-			break retry
+		case errors.Is(err, ErrNotInFlight) && attempt > 1:
+			// An earlier attempt landed (its reply was lost, or the store
+			// recorded the outcome and then failed, as a Redis store that
+			// cannot write the archive row does): that attempt's error,
+			// already logged, is the one to act on.
+			return
+		}
+		// Every failed attempt is logged: its error may be the only word
+		// of a failure the next attempt cannot see (the Redis store keeps
+		// a key it could not archive without expiry, and says so once).
+		// The operation happened either way: it is answered, and retries
+		// see the key in flight until it expires.
+		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store complete failed", "error", err, "attempt", attempt)
+		if errors.Is(err, ErrNotInFlight) || attempt == completeAttempts {
+			return
 		}
 		select {
 		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
 		case <-cctx.Done():
-			break retry
+			return
 		}
 	}
-	// The operation happened: answer it. Retries see the key in flight
-	// until it expires.
-	m.cfg.Logger.ErrorContext(ctx, "idempotency: live store complete failed", "error", err)
 }
 
 // completeBudget and completeAttempts bound the recording of an outcome.
@@ -618,7 +625,10 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 // archivedOutcome returns the archive's completed row for a key whose live
 // entry expired in flight, when the archive can say so.
 func (m *Middleware) archivedOutcome(ctx context.Context, scoped string, fp []byte) (archive.Record, bool) {
-	if m.cfg.Archive == nil {
+	// Only a store that archives at completion can have written the
+	// outcome there while its live entry stayed in flight: a swept store's
+	// live row has no archive row yet, and the lookup would only cost time.
+	if m.cfg.Archive == nil || !m.archivesAtCompletion {
 		return archive.Record{}, false
 	}
 	rec, err := m.lookup(ctx, scoped, fp)
@@ -639,9 +649,20 @@ func (m *Middleware) expired(w http.ResponseWriter, r *http.Request, status int,
 	m.problem(w, r, http.StatusConflict, "idempotency_key_expired", detail, map[string]any{
 		"original_status": status,
 		"resource_id":     resourceID,
-		"created_at":      created.UTC(),
-		"expired_at":      expired.UTC(),
+		"created_at":      jsonTime(created),
+		"expired_at":      jsonTime(expired),
 	})
+}
+
+// jsonTime is t in UTC for a JSON member, or null for a time JSON's RFC 3339
+// cannot write (a year outside 0-9999: a live row written by hand with a BC
+// date), which would otherwise fail the whole answer.
+func jsonTime(t time.Time) *time.Time {
+	t = t.UTC()
+	if t.Year() < 0 || t.Year() > 9999 {
+		return nil
+	}
+	return &t
 }
 
 // responseLost answers a key the archive holds whose window has not ended:
@@ -731,6 +752,9 @@ type recorder struct {
 	invalid bool
 	wrote   int
 	body    bytes.Buffer
+	// resourceID, when set, is the resource id to record instead of the
+	// one the body gives (see cutShort).
+	resourceID **string
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -747,6 +771,25 @@ func (r *recorder) WriteHeader(status int) {
 		r.invalid, r.wrote, status = true, status, http.StatusInternalServerError
 	}
 	r.status = status
+}
+
+// cutShort returns the outcome to keep for a handler that answered and then
+// panicked: its status and the resource id its body gave, if the body got
+// that far, but not the body itself, which the panic may have cut off (a
+// replay would present half a JSON document as the answer). The replay's
+// body is a problem that says what happened.
+func (r *recorder) cutShort(path []string) *recorder {
+	rid := resourceID(r.body.Bytes(), path)
+	out := &recorder{header: http.Header{}, status: r.status, wroteHeader: true, resourceID: &rid}
+	p := problem.New(r.status, "idempotency_response_incomplete",
+		fmt.Sprintf("the request was processed (status %d) but its response was cut short by a server error; it is not run again", r.status))
+	if rid != nil {
+		p = p.With("resource_id", *rid)
+	}
+	b, _ := json.Marshal(p)
+	out.body.Write(b)
+	out.header.Set("Content-Type", problem.ContentType)
+	return out
 }
 
 // releases says whether the outcome frees the key for a retry: a 5xx the

@@ -45,7 +45,7 @@
 -- exists (ON CONFLICT DO NOTHING returns nothing for it) still leaves the live
 -- table, or every later batch would select it again and the backlog would
 -- never drain (the runbook's DELETE ... USING archived has that bug).
--- Rows that expire before year 1 ('-infinity', a BC date: written by hand or
+-- Rows that expire before year 1 (a BC date: written by hand or
 -- by another writer) are never claimed: no archive partition can be named
 -- or bounded for them, and as the oldest rows every batch would claim them
 -- first, fail, and move nothing behind them. They stay live (the middleware

@@ -300,7 +300,7 @@ type Result struct {
 	// Config.BacklogCap; -1 when it could not be counted.
 	Backlog int64 `json:"backlog"`
 	// Unarchivable is the part of Backlog that no batch moves: rows that
-	// expire before year 1 ('-infinity', a BC date), for which no archive
+	// expire before year 1 (a BC date), for which no archive
 	// partition can exist. They stay live; fix or delete them.
 	Unarchivable      int64    `json:"unarchivable"`
 	PartitionsCreated []string `json:"partitions_created"`

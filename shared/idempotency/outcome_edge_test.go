@@ -1,0 +1,182 @@
+package idempotency_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/livestore"
+	"github.com/idemarchive/idemarchive/shared/schema"
+	"github.com/idemarchive/idemarchive/shared/testenv"
+)
+
+// A Redis completion whose archive insert fails keeps the hash without
+// expiry and returns an error for the operator to reconcile; the next
+// attempt finds the key completed (ErrNotInFlight). That first error still
+// reaches the log.
+func TestARedisArchiveFailureReachesTheLog(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	client, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	role := "no_insert_" + mintKey(plainKey, time.Now())[6:18]
+	for _, stmt := range []string{
+		"CREATE ROLE " + role + " NOLOGIN",
+		"GRANT " + schema.ReaderRole + " TO " + role,
+		"GRANT INSERT, UPDATE ON idempotency_writers TO " + role,
+	} {
+		_, err := b.db.Pool.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
+	noInsert := b.db.NewPool(t, dbtest.AsRole(role))
+	var logs strings.Builder
+	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, noInsert, prefix), SingleTenant: true, Archive: b.reader,
+		LiveTTL: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	h := &charges{}
+	require.Equal(t, 201, post(mw.Wrap(h), "unarchived", `{}`).Code)
+	ttl, err := client.TTL(ctx, prefix+"idem:v1:unarchived").Result()
+	require.NoError(t, err)
+	require.Equal(t, time.Duration(-1), ttl, "persisted: the archive insert did fail")
+	require.Contains(t, logs.String(), "archive idempotency key at completion",
+		"the archive failure must reach the log for the operator to reconcile; logs: %q", logs.String())
+}
+
+// A handler that wrote 201 and part of its body, then panicked: the key
+// keeps the 201 and the resource id the body got as far as, and the retry
+// replays a problem that says the response was cut short, never half a
+// JSON document as if it were the answer.
+func TestAPanicMidBodyReplaysWhatHappenedNotTheCutBody(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		var calls atomic.Int32
+		srv := b.middleware(t, idempotency.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(201)
+			_, _ = w.Write([]byte(`{"id":"ch_1","amount":`))
+			panic("render bug")
+		}))
+		func() {
+			defer func() { _ = recover() }()
+			post(srv, "cut-short", `{}`)
+		}()
+		again := post(srv, "cut-short", `{}`)
+		require.EqualValues(t, 1, calls.Load())
+		require.Equal(t, 201, again.Code)
+		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed))
+		require.Equal(t, "application/problem+json", again.Header().Get("Content-Type"))
+		var p map[string]any
+		require.NoError(t, json.Unmarshal(again.Body.Bytes(), &p), again.Body.String())
+		require.Equal(t, "idempotency_response_incomplete", p["code"])
+		require.Contains(t, p["detail"], "not run again")
+	})
+}
+
+// The first final status is the answer, whatever follows it: 103, 201, 500
+// and a panic keep 201; 103 alone and a panic release the key.
+func TestTheFirstFinalStatusDecidesAfterAPanic(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		var calls atomic.Int32
+		srv := b.middleware(t, idempotency.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if calls.Add(1) == 1 {
+				w.WriteHeader(103)
+				w.WriteHeader(201)
+				w.WriteHeader(500)
+				_, _ = w.Write([]byte(`{"id":"ch_1"}`))
+				panic("x")
+			}
+			w.WriteHeader(201)
+		}))
+		func() {
+			defer func() { _ = recover() }()
+			post(srv, "twice", `{}`)
+		}()
+		again := post(srv, "twice", `{}`)
+		require.Equal(t, 201, again.Code)
+		require.EqualValues(t, 1, calls.Load())
+		// Only 103 then panic: released.
+		var c2 atomic.Int32
+		srv2 := b.middleware(t, idempotency.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c2.Add(1) == 1 {
+				w.WriteHeader(103)
+				panic("x")
+			}
+			w.WriteHeader(201)
+		}))
+		func() {
+			defer func() { _ = recover() }()
+			post(srv2, "only-1xx", `{}`)
+		}()
+		require.Equal(t, 201, post(srv2, "only-1xx", `{}`).Code)
+		require.EqualValues(t, 2, c2.Load())
+	})
+}
+
+// A live row written by hand with a BC date (the sweeper never archives
+// it) is answered 409 expired, its times null where JSON cannot write them,
+// never a 500.
+func TestABCExpiryIsAnswered409(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
+	require.Equal(t, 201, post(srv, "bc", `{}`).Code)
+	_, err := b.db.Pool.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = '0045-01-01 BC', expires_at = '0044-03-15 BC' WHERE scoped_key = 'idem:v1:bc'`)
+	require.NoError(t, err)
+	w := post(srv, "bc", `{}`)
+	require.EqualValues(t, 1, h.calls.Load())
+	require.Equal(t, 409, w.Code, w.Body.String())
+	p := problemOf(t, w)
+	require.Equal(t, "idempotency_key_expired", p["code"])
+	require.Nil(t, p["expired_at"])
+	require.Contains(t, p["detail"], "-0043-03-15")
+}
+
+type hangingArchive struct{ calls atomic.Int32 }
+
+func (a *hangingArchive) Lookup(ctx context.Context, _ string, _ []byte) (archive.Record, error) {
+	a.calls.Add(1)
+	<-ctx.Done()
+	return archive.Record{}, ctx.Err()
+}
+
+// With the Postgres store an expired in-flight live row can have no
+// completed archive row (the sweeper moves it later): its retries are
+// answered without waiting on the archive.
+func TestAnExpiredInFlightPostgresRowCostsNoArchiveLookup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := &charges{block: make(chan struct{})}
+	a := &hangingArchive{}
+	mw := b.middleware(t, idempotency.Config{LiveTTL: time.Hour, Archive: a, ArchiveTimeout: 2 * time.Second})
+	srv := mw.Wrap(h)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		post(b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h), "slow", `{}`)
+	}()
+	require.Eventually(t, func() bool { return h.calls.Load() == 1 }, 10*time.Second, 10*time.Millisecond)
+	_, err := b.db.Pool.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - interval '2 hours', expires_at = now() - interval '1 hour' WHERE scoped_key = 'idem:v1:slow'`)
+	require.NoError(t, err)
+	start := time.Now()
+	w := post(srv, "slow", `{}`)
+	took := time.Since(start)
+	close(h.block)
+	<-done
+	require.Equal(t, 409, w.Code)
+	require.Zero(t, a.calls.Load())
+	require.Less(t, took, 500*time.Millisecond, "a Postgres store's expired in-flight row waited %s on the archive (%d lookups)", took, a.calls.Load())
+}
