@@ -76,7 +76,7 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		}
 		return h.respond(ctx, events.APIGatewayV2HTTPResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
 
-	case sh.HTTPMethod != "" && sh.Version != "":
+	case sh.HTTPMethod != "" && sh.Version == "1.0":
 		r := h.api.ErrorResponse(ctx, badPayload(errPayloadV1), requestID)
 		return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
 

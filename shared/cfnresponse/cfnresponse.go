@@ -45,7 +45,18 @@ type Options struct {
 	// Logger receives a handler's panic, with its stack. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// SendMargin is kept free for the answer before the invocation's
+	// deadline: the handler's context ends that much earlier. Default
+	// DefaultSendMargin.
+	SendMargin time.Duration
 }
+
+// DefaultSendMargin is Options.SendMargin's default.
+const DefaultSendMargin = 10 * time.Second
+
+// MaxResponseBytes is the largest answer CloudFormation takes; a longer one
+// fails the resource with "Response is too long" instead of its reason.
+const MaxResponseBytes = 4096
 
 // Wrap returns a Lambda handler that runs fn and answers CloudFormation with
 // its outcome: SUCCESS with its physical id and data, or FAILED with its
@@ -54,22 +65,77 @@ type Options struct {
 func Wrap(fn cfn.CustomResourceFunction, opts Options) func(context.Context, cfn.Event) error {
 	opts.AttemptTimeout = cmp.Or(opts.AttemptTimeout, DefaultAttemptTimeout)
 	opts.Attempts = cmp.Or(opts.Attempts, 3)
+	opts.SendMargin = cmp.Or(opts.SendMargin, DefaultSendMargin)
 	if opts.Client == nil {
-		opts.Client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		opts.Client = &http.Client{
+			Transport: http.DefaultTransport.(*http.Transport).Clone(),
+			// A redirect would turn the PUT into a GET, whose 200 would
+			// pass for a delivered answer: it is an answer not delivered.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	return func(ctx context.Context, ev cfn.Event) error {
+		// The handler stops SendMargin before the deadline; the answer is
+		// sent even when the handler used all of its time, up to the
+		// deadline itself.
+		runCtx, sendCtx := ctx, context.WithoutCancel(ctx)
+		if deadline, ok := ctx.Deadline(); ok {
+			var cancelRun, cancelSend context.CancelFunc
+			runCtx, cancelRun = context.WithDeadline(ctx, deadline.Add(-opts.SendMargin))
+			defer cancelRun()
+			sendCtx, cancelSend = context.WithDeadline(sendCtx, deadline)
+			defer cancelSend()
+		}
 		resp := cfn.NewResponse(&ev)
-		resp.PhysicalResourceID, resp.Data, resp.Status, resp.Reason = run(ctx, fn, ev, opts.Logger)
+		resp.PhysicalResourceID, resp.Data, resp.Status, resp.Reason = run(runCtx, fn, ev, opts.Logger)
 		if resp.PhysicalResourceID == "" {
 			// CloudFormation refuses an answer without one, and shows
 			// "Invalid PhysicalResourceId" instead of the reason.
 			resp.PhysicalResourceID = cmp.Or(ev.PhysicalResourceID, ev.LogicalResourceID)
 		}
-		return send(ctx, opts, ev.ResponseURL, resp)
+		body, err := encode(resp)
+		if err != nil {
+			return fmt.Errorf("answer CloudFormation: %w", err)
+		}
+		return send(sendCtx, opts, ev.ResponseURL, body)
 	}
+}
+
+// encode returns the answer's JSON, made to fit MaxResponseBytes: a reason
+// too long is cut (the function's log has it whole), and Data that JSON
+// cannot hold (NaN) or that does not fit turns the answer into a FAILED one
+// that says so, rather than an answer CloudFormation never gets.
+func encode(resp *cfn.Response) ([]byte, error) {
+	body, err := json.Marshal(resp)
+	if err != nil || len(body) > MaxResponseBytes && len(resp.Data) > 0 {
+		why := "its Data is larger than CloudFormation takes"
+		if err != nil {
+			why = "its Data cannot be written as JSON: " + err.Error()
+		}
+		resp.Status, resp.Data, resp.NoEcho = cfn.StatusFailed, nil, false
+		resp.Reason = "the function's answer was dropped: " + why
+		if body, err = json.Marshal(resp); err != nil {
+			return nil, err
+		}
+	}
+	if over := len(body) - MaxResponseBytes; over > 0 {
+		const cut = "... (the function's log has the rest)"
+		reason := []rune(resp.Reason)
+		// Cut by runes until it fits: JSON escapes can make a rune longer
+		// than its UTF-8 bytes.
+		for len(body) > MaxResponseBytes && len(reason) > 0 {
+			reason = reason[:max(0, len(reason)-max(over, 16))]
+			resp.Reason = string(reason) + cut
+			if body, err = json.Marshal(resp); err != nil {
+				return nil, err
+			}
+			over = len(body) - MaxResponseBytes
+		}
+	}
+	return body, nil
 }
 
 // run calls fn, turning its error or panic into a FAILED status.
@@ -88,11 +154,7 @@ func run(ctx context.Context, fn cfn.CustomResourceFunction, ev cfn.Event, log *
 }
 
 // send PUTs the answer, trying again after a failed attempt while ctx lasts.
-func send(ctx context.Context, opts Options, rawURL string, resp *cfn.Response) error {
-	body, err := json.Marshal(resp)
-	if err != nil {
-		return fmt.Errorf("answer CloudFormation: %w", err)
-	}
+func send(ctx context.Context, opts Options, rawURL string, body []byte) error {
 	where := redact(rawURL)
 	var last error
 	for attempt := range opts.Attempts {
