@@ -243,6 +243,12 @@ type Config struct {
 	SingleTenant bool
 	// OnArchiveError: FailClosed (default) or FailOpen.
 	OnArchiveError OnArchiveError
+	// KeepServerErrors records a handler's 5xx like any other answer, and a
+	// panic before any answer as a 500, so that no request whose handler
+	// started ever runs again (Stripe's rule): for handlers that cannot
+	// promise a 5xx means nothing happened. By default a 5xx, or a panic
+	// before any answer, releases the key for a retry.
+	KeepServerErrors bool
 	// ArchiveTimeout bounds one archive lookup. Default 2s.
 	ArchiveTimeout time.Duration
 	// RetryAfter is sent with 409 in-flight and 503 answers. Default 1s.
@@ -463,9 +469,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// answered (a panic while it rendered, say): keep that outcome, so
 		// that a retry replays it instead of running again. One that had
 		// answered nothing, or a 5xx, frees the key for a retry.
-		if rec.wroteHeader && !rec.releases() {
+		switch {
+		case m.cfg.KeepServerErrors && !rec.wroteHeader:
+			rec.WriteHeader(http.StatusInternalServerError)
 			m.complete(ctx, scoped, fp, rec.cutShort(m.path))
-		} else {
+		case rec.wroteHeader && (m.cfg.KeepServerErrors || !rec.releases()):
+			m.complete(ctx, scoped, fp, rec.cutShort(m.path))
+		default:
 			m.release(ctx, scoped, fp)
 		}
 	}()
@@ -475,7 +485,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if rec.invalid {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: the handler wrote a status outside 100-599: answered and kept as 500", "status", rec.wrote)
 	}
-	if rec.releases() {
+	if rec.releases() && !m.cfg.KeepServerErrors {
 		m.release(ctx, scoped, fp)
 	} else {
 		m.complete(ctx, scoped, fp, rec)

@@ -206,3 +206,44 @@ func TestAnExpiredInFlightEntryIsAnsweredFromTheArchive(t *testing.T) {
 	require.Equal(t, "ch_1", p["resource_id"])
 	require.EqualValues(t, 1, h.calls.Load())
 }
+
+// With KeepServerErrors, a request whose handler started never runs again:
+// a 5xx is kept and replayed, and so is a panic before any answer, as a 500
+// problem (the handler may have acted before it failed).
+func TestKeepServerErrorsNeverRunsAStartedRequestAgain(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		var calls atomic.Int32
+		srv := b.middleware(t, idempotency.Config{KeepServerErrors: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			switch r.URL.Query().Get("do") {
+			case "503":
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte(`{"error":"provider timed out"}`))
+			case "panic":
+				panic("after the charge, before the answer")
+			}
+		}))
+		send := func(key, do string) *httptest.ResponseRecorder {
+			r := httptest.NewRequest(http.MethodPost, "/v1/charges?do="+do, strings.NewReader(`{}`))
+			r.Header.Set(idempotency.HeaderKey, key)
+			w := httptest.NewRecorder()
+			srv.ServeHTTP(w, r)
+			return w
+		}
+		require.Equal(t, 503, send("kept-503", "503").Code)
+		again := send("kept-503", "503")
+		require.Equal(t, 503, again.Code)
+		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed))
+		require.Equal(t, `{"error":"provider timed out"}`, again.Body.String())
+
+		func() {
+			defer func() { require.NotNil(t, recover()) }()
+			send("kept-panic", "panic")
+		}()
+		again = send("kept-panic", "panic")
+		require.Equal(t, 500, again.Code)
+		require.Equal(t, "idempotency_response_incomplete", problemOf(t, again)["code"])
+		require.EqualValues(t, 2, calls.Load(), "each key's handler ran once")
+	})
+}
