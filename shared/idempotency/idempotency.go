@@ -757,8 +757,8 @@ type recorder struct {
 	status      int
 	wroteHeader bool
 	// invalid says the handler wrote a status outside 100-599 (net/http
-	// takes up to 999; WriteHeader(0) would panic), wrote, which the
-	// recorder answers and keeps as 500.
+	// takes up to 999; WriteHeader(0) would panic), which the recorder
+	// answers and keeps as 500; wrote is the status it wrote.
 	invalid bool
 	wrote   int
 	body    bytes.Buffer
@@ -784,8 +784,8 @@ func (r *recorder) WriteHeader(status int) {
 }
 
 // cutShort returns the outcome to keep for a handler that answered and then
-// panicked: its status and the resource id its body gave, if the body got
-// that far, but not the body itself, which the panic may have cut off (a
+// panicked: its status and the resource id its body gives (when the body is
+// whole JSON), but not the body itself, which the panic may have cut off (a
 // replay would present half a JSON document as the answer). The replay's
 // body is a problem that says what happened.
 func (r *recorder) cutShort(path []string) *recorder {
