@@ -313,6 +313,7 @@ const (
 	CodeInvalidPassword       = "28P01" // password authentication failed
 	CodeLockNotAvailable      = "55P03" // lock_timeout expired
 	CodeQueryCanceled         = "57014" // statement_timeout expired
+	CodeUndefinedColumn       = "42703"
 	CodeUndefinedTable        = "42P01"
 	CodeUniqueViolation       = "23505"
 )

@@ -62,6 +62,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -118,6 +119,9 @@ type Entry struct {
 // Completion is what the middleware records when a request completes.
 type Completion struct {
 	Fingerprint []byte
+	// Token is the registration's token (Registering.Token): a store
+	// completes only the entry registered with it.
+	Token       []byte
 	Status      int
 	Body        []byte
 	ContentType string
@@ -129,6 +133,13 @@ type Registering struct {
 	// Key is the scoped key.
 	Key         string
 	Fingerprint []byte
+	// Token tells this registration from any other of the same key and
+	// fingerprint (the middleware draws 16 random bytes a request): Complete
+	// and Release act only on the entry registered with it, so a request
+	// whose registration landed but whose reply was lost can release its own
+	// entry without ever freeing a concurrent duplicate's. Nil: no token,
+	// matched as before (entries of older writers).
+	Token []byte
 	// TTL is the key's live window.
 	TTL time.Duration
 	// ClockSkew: a key whose timestamp lies further ahead of the store's
@@ -178,8 +189,9 @@ type Store interface {
 	// Complete records the outcome of the request that registered key, or
 	// returns ErrNotInFlight.
 	Complete(ctx context.Context, key string, c Completion) error
-	// Release removes an in-flight entry this request registered.
-	Release(ctx context.Context, key string, fingerprint []byte) error
+	// Release removes the in-flight entry this request registered: the one
+	// of this fingerprint and registration token.
+	Release(ctx context.Context, key string, fingerprint, token []byte) error
 }
 
 // Archive answers whether an expired key ever existed: *archive.Reader (direct
@@ -417,9 +429,16 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, scoped string, fp []byte) {
 	ctx := r.Context()
-	reg, err := m.cfg.Store.Register(ctx, Registering{Key: scoped, Fingerprint: fp, TTL: m.cfg.LiveTTL, ClockSkew: m.cfg.ClockSkew})
+	token := make([]byte, 16)
+	_, _ = rand.Read(token) // never fails (crypto/rand)
+	reg, err := m.cfg.Store.Register(ctx, Registering{Key: scoped, Fingerprint: fp, Token: token, TTL: m.cfg.LiveTTL, ClockSkew: m.cfg.ClockSkew})
 	if err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store register failed", "error", err)
+		// The registration may have landed and only its reply been lost:
+		// release it, so that the retry this answer asks for can run. The
+		// token makes this safe: only an entry registered by this request
+		// matches it, never a concurrent duplicate's.
+		m.release(ctx, scoped, fp, token)
 		m.retryAfter(w)
 		m.problem(w, r, http.StatusServiceUnavailable, "idempotency_store_unavailable", "the idempotency store is unavailable; retry later", nil)
 		return
@@ -437,7 +456,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		rec, err := m.lookup(ctx, scoped, fp)
 		switch {
 		case err == nil:
-			m.release(ctx, scoped, fp)
+			m.release(ctx, scoped, fp, token)
 			m.archived(w, r, rec)
 			return
 		case errors.Is(err, archive.ErrNotFound):
@@ -445,14 +464,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			// The lookup failed because the request ended (the client went
 			// away, a server timeout), not because the archive is down:
 			// FailOpen must not run a key the archive may hold.
-			m.release(ctx, scoped, fp)
+			m.release(ctx, scoped, fp, token)
 			m.archiveUnavailable(w, r)
 			return
 		case m.cfg.OnArchiveError == FailOpen:
 			m.cfg.Logger.WarnContext(ctx, "idempotency: archive unavailable, failing open", "error", err)
 		default:
 			m.cfg.Logger.ErrorContext(ctx, "idempotency: archive unavailable, failing closed", "error", err)
-			m.release(ctx, scoped, fp)
+			m.release(ctx, scoped, fp, token)
 			m.archiveUnavailable(w, r)
 			return
 		}
@@ -472,11 +491,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		switch {
 		case m.cfg.KeepServerErrors && !rec.wroteHeader:
 			rec.WriteHeader(http.StatusInternalServerError)
-			m.complete(ctx, scoped, fp, rec.cutShort(m.path))
+			m.complete(ctx, scoped, fp, token, rec.cutShort(m.path))
 		case rec.wroteHeader && (m.cfg.KeepServerErrors || !rec.releases()):
-			m.complete(ctx, scoped, fp, rec.cutShort(m.path))
+			m.complete(ctx, scoped, fp, token, rec.cutShort(m.path))
 		default:
-			m.release(ctx, scoped, fp)
+			m.release(ctx, scoped, fp, token)
 		}
 	}()
 	next.ServeHTTP(rec, r)
@@ -486,9 +505,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: the handler wrote a status outside 100-599: answered and kept as 500", "status", rec.wrote)
 	}
 	if rec.releases() && !m.cfg.KeepServerErrors {
-		m.release(ctx, scoped, fp)
+		m.release(ctx, scoped, fp, token)
 	} else {
-		m.complete(ctx, scoped, fp, rec)
+		m.complete(ctx, scoped, fp, token, rec)
 	}
 	for k, v := range rec.header {
 		w.Header()[k] = v
@@ -503,8 +522,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // request did. Retrying is safe: Complete matches the in-flight entry of
 // this fingerprint, so once one attempt has landed the next finds none
 // (ErrNotInFlight), and stops.
-func (m *Middleware) complete(ctx context.Context, scoped string, fp []byte, rec *recorder) {
-	c := Completion{Fingerprint: fp, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path)}
+func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []byte, rec *recorder) {
+	c := Completion{Fingerprint: fp, Token: token, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path)}
 	if rec.resourceID != nil {
 		c.ResourceID = *rec.resourceID
 	}
@@ -693,14 +712,13 @@ func (m *Middleware) responseLost(w http.ResponseWriter, r *http.Request, rec ar
 
 // release frees the key even when the client has gone away: a key left in
 // flight would block retries for the whole window, then be archived as never
-// completed (the archive lookup prefers a completed row over it). It makes one
-// attempt: Release matches key, fingerprint and state only, so a retry after
-// a release whose reply was lost could free a duplicate request's new
-// registration and let the handler run twice.
-func (m *Middleware) release(ctx context.Context, key string, fp []byte) {
+// completed (the archive lookup prefers a completed row over it). Release
+// matches this request's registration token, so it never frees another
+// request's entry.
+func (m *Middleware) release(ctx context.Context, key string, fp, token []byte) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := m.cfg.Store.Release(ctx, key, fp); err != nil {
+	if err := m.cfg.Store.Release(ctx, key, fp, token); err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err)
 	}
 }

@@ -247,3 +247,94 @@ func TestKeepServerErrorsNeverRunsAStartedRequestAgain(t *testing.T) {
 		require.EqualValues(t, 2, calls.Load(), "each key's handler ran once")
 	})
 }
+
+// lostRegisterReply registers the key but reports an error, as when the
+// reply to a committed INSERT (or EVAL) is lost to a timeout or a reset.
+type lostRegisterReply struct {
+	idempotency.Store
+	lost atomic.Bool
+}
+
+func (l *lostRegisterReply) Register(ctx context.Context, req idempotency.Registering) (idempotency.Registration, error) {
+	reg, err := l.Store.Register(ctx, req)
+	if err == nil && reg.Fresh && l.lost.CompareAndSwap(false, true) {
+		return idempotency.Registration{}, errors.New("read tcp: i/o timeout")
+	}
+	return reg, err
+}
+
+// A registration that landed but whose reply was lost is answered 503
+// "retry later" and released (by its own token): the retry runs, once,
+// instead of meeting 409 in flight for the whole window.
+func TestALostRegistrationReplyIsReleasedForTheRetry(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		store := &lostRegisterReply{Store: b.store}
+		mw, err := idempotency.New(idempotency.Config{Store: store, SingleTenant: true, Archive: b.reader, ArchiveTimeout: 30 * time.Second})
+		require.NoError(t, err)
+		h := &charges{}
+		srv := mw.Wrap(h)
+		require.Equal(t, 503, post(srv, "lost-reply", `{}`).Code)
+		retry := post(srv, "lost-reply", `{}`)
+		require.Equal(t, 201, retry.Code, retry.Body.String())
+		require.Equal(t, 201, post(srv, "lost-reply", `{}`).Code)
+		require.EqualValues(t, 1, h.calls.Load())
+	})
+}
+
+// Complete and Release act only on the entry registered with their token:
+// a request holding another token (a duplicate of the same request, the
+// same fingerprint) neither completes nor frees it. An entry registered
+// without a token (an older writer's) is matched without one.
+func TestOnlyTheRegistrationsTokenCompletesOrReleasesIt(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		ctx := context.Background()
+		fp := dbtest.Fingerprint("same request")
+		mine, other := []byte("token-of-the-registration"), []byte("token-of-a-duplicate")
+		reg, err := b.store.Register(ctx, idempotency.Registering{Key: "idem:v1:tokens", Fingerprint: fp, Token: mine, TTL: time.Hour})
+		require.NoError(t, err)
+		require.True(t, reg.Fresh)
+
+		require.NoError(t, b.store.Release(ctx, "idem:v1:tokens", fp, other))
+		require.NoError(t, b.store.Release(ctx, "idem:v1:tokens", fp, nil))
+		again, err := b.store.Register(ctx, idempotency.Registering{Key: "idem:v1:tokens", Fingerprint: fp, Token: other, TTL: time.Hour})
+		require.NoError(t, err)
+		require.False(t, again.Fresh, "still registered: another token freed nothing")
+
+		c := idempotency.Completion{Fingerprint: fp, Status: 201, Body: []byte(`{"id":"ch_1"}`)}
+		c.Token = other
+		require.ErrorIs(t, b.store.Complete(ctx, "idem:v1:tokens", c), idempotency.ErrNotInFlight)
+		c.Token = mine
+		require.NoError(t, b.store.Complete(ctx, "idem:v1:tokens", c))
+
+		legacy, err := b.store.Register(ctx, idempotency.Registering{Key: "idem:v1:no-token", Fingerprint: fp, TTL: time.Hour})
+		require.NoError(t, err)
+		require.True(t, legacy.Fresh)
+		require.NoError(t, b.store.Release(ctx, "idem:v1:no-token", fp, mine))
+		require.NoError(t, b.store.Release(ctx, "idem:v1:no-token", fp, nil))
+		fresh, err := b.store.Register(ctx, idempotency.Registering{Key: "idem:v1:no-token", Fingerprint: fp, TTL: time.Hour})
+		require.NoError(t, err)
+		require.True(t, fresh.Fresh, "released without a token")
+	})
+}
+
+// A middleware upgraded before its database was migrated (no registration
+// column yet) still registers, completes and releases, without tokens.
+func TestThePostgresStoreWorksBeforeTheTokenMigration(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	_, err := b.db.Pool.Exec(context.Background(), "ALTER TABLE idempotency_keys DROP COLUMN registration")
+	require.NoError(t, err)
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+	require.Equal(t, 201, post(srv, "before-008", `{}`).Code)
+	again := post(srv, "before-008", `{}`)
+	require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed))
+	failing := b.middleware(t, idempotency.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	require.Equal(t, 503, post(failing, "before-008-released", `{}`).Code)
+	require.Equal(t, 201, post(srv, "before-008-released", `{}`).Code, "the 503 released its key")
+	require.EqualValues(t, 2, h.calls.Load())
+}

@@ -7,12 +7,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 	"github.com/idemarchive/idemarchive/shared/keytime"
 )
@@ -34,6 +38,25 @@ var ErrNotInFlight = idempotency.ErrNotInFlight
 type Postgres struct {
 	pool   *pgxpool.Pool
 	leases *leases
+	// untokenedUntil, while in the future (Unix nanoseconds), makes the store
+	// register, complete and release without registration tokens: the
+	// database has no registration column yet (migration 008 not run, the
+	// middleware upgraded first). Checked again a minute later.
+	untokenedUntil atomic.Int64
+}
+
+// tokens reports whether the database takes registration tokens, as far as
+// the store last saw.
+func (p *Postgres) tokens() bool { return time.Now().UnixNano() >= p.untokenedUntil.Load() }
+
+// noTokenColumn reports an error that means the registration column does not
+// exist yet, and makes the store go without tokens for a minute.
+func (p *Postgres) noTokenColumn(err error) bool {
+	if database.SQLState(err) != database.CodeUndefinedColumn || !strings.Contains(err.Error(), "registration") {
+		return false
+	}
+	p.untokenedUntil.Store(time.Now().Add(time.Minute).UnixNano())
+	return true
 }
 
 var _ idempotency.Store = (*Postgres)(nil)
@@ -63,7 +86,7 @@ const (
 	// could have registered anything. clock_timestamp() is read after the
 	// insert, which waited for any sweep of the key's previous row to
 	// commit, so a row that sweep archived had expired before it.
-	pgRegisterSQL = `
+	pgRegisterTemplate = `
 WITH lease AS (
     SELECT EXISTS (SELECT 1 FROM idempotency_writers
                     WHERE ttl_ms = $3 AND skew_ms = $4 AND bounded
@@ -71,8 +94,8 @@ WITH lease AS (
 ), ahead AS (
     SELECT $5::timestamptz IS NOT NULL AND $5::timestamptz > now() + $4 * interval '1 millisecond' AS ahead
 ), ins AS (
-    INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at, skew_ms)
-    SELECT $1, $2, now() + $3 * interval '1 millisecond', $4
+    INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at, skew_ms%[1]s)
+    SELECT $1, $2, now() + $3 * interval '1 millisecond', $4%[2]s
       FROM lease, ahead
      WHERE lease.live AND NOT ahead.ahead
     ON CONFLICT (scoped_key) DO NOTHING
@@ -94,13 +117,29 @@ SELECT fingerprint, state, coalesce(status_code, 0), coalesce(response_raw, conv
   FROM idempotency_keys
  WHERE scoped_key = $1`
 
-	pgCompleteSQL = `
+	// pgCompleteSQL and pgReleaseSQL act only on the entry this request
+	// registered: its fingerprint and its registration token (NULL for an
+	// entry registered without one, see migration 008).
+	pgCompleteUntokenedSQL = `
 UPDATE idempotency_keys
    SET state = 'completed', status_code = $3, response = $4::text::jsonb, response_raw = $5,
        content_type = $6, resource_id = $7
  WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'`
+	pgCompleteSQL = pgCompleteUntokenedSQL + `
+   AND registration IS NOT DISTINCT FROM $8::bytea`
 
-	pgReleaseSQL = `DELETE FROM idempotency_keys WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'`
+	pgReleaseUntokenedSQL = `
+DELETE FROM idempotency_keys
+ WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'`
+	pgReleaseSQL = pgReleaseUntokenedSQL + `
+   AND registration IS NOT DISTINCT FROM $3::bytea`
+)
+
+// pgRegisterSQL registers with the request's token ($7); the untokened form
+// is for a database not yet migrated to migration 008.
+var (
+	pgRegisterSQL          = fmt.Sprintf(pgRegisterTemplate, ", registration", ", $7::bytea")
+	pgRegisterUntokenedSQL = fmt.Sprintf(pgRegisterTemplate, "", "")
 )
 
 // Register inserts an in-flight row, or returns the existing one. The insert
@@ -122,8 +161,15 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 		var live, ahead bool
 		var created, expires *time.Time
 		var mayBeArchived bool
-		err := p.queryRow(ctx, func(row pgx.Row) error { return row.Scan(&live, &ahead, &created, &expires, &mayBeArchived) },
-			pgRegisterSQL, req.Key, req.Fingerprint, l.ttlMS, l.skewMS, minted, expirySlack.Milliseconds())
+		scan := func(row pgx.Row) error { return row.Scan(&live, &ahead, &created, &expires, &mayBeArchived) }
+		args := []any{req.Key, req.Fingerprint, l.ttlMS, l.skewMS, minted, expirySlack.Milliseconds()}
+		var err error
+		if p.tokens() {
+			err = p.queryRow(ctx, scan, pgRegisterSQL, append(args, req.Token)...)
+		}
+		if !p.tokens() || p.noTokenColumn(err) {
+			err = p.queryRow(ctx, scan, pgRegisterUntokenedSQL, args...)
+		}
 		if err != nil {
 			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 		}
@@ -206,7 +252,15 @@ func (p *Postgres) Complete(ctx context.Context, key string, c idempotency.Compl
 	if raw == nil {
 		raw = []byte{}
 	}
-	tag, err := p.pool.Exec(ctx, pgCompleteSQL, key, c.Fingerprint, c.Status, asJSON, raw, c.ContentType, c.ResourceID)
+	args := []any{key, c.Fingerprint, c.Status, asJSON, raw, c.ContentType, c.ResourceID}
+	var tag pgconn.CommandTag
+	var err error
+	if p.tokens() {
+		tag, err = p.pool.Exec(ctx, pgCompleteSQL, append(args, c.Token)...)
+	}
+	if !p.tokens() || p.noTokenColumn(err) {
+		tag, err = p.pool.Exec(ctx, pgCompleteUntokenedSQL, args...)
+	}
 	if err != nil {
 		return fmt.Errorf("complete idempotency key: %w", err)
 	}
@@ -217,8 +271,15 @@ func (p *Postgres) Complete(ctx context.Context, key string, c idempotency.Compl
 }
 
 // Release deletes the in-flight row this request registered.
-func (p *Postgres) Release(ctx context.Context, key string, fp []byte) error {
-	if _, err := p.pool.Exec(ctx, pgReleaseSQL, key, fp); err != nil {
+func (p *Postgres) Release(ctx context.Context, key string, fp, token []byte) error {
+	var err error
+	if p.tokens() {
+		_, err = p.pool.Exec(ctx, pgReleaseSQL, key, fp, token)
+	}
+	if !p.tokens() || p.noTokenColumn(err) {
+		_, err = p.pool.Exec(ctx, pgReleaseUntokenedSQL, key, fp)
+	}
+	if err != nil {
 		return fmt.Errorf("release idempotency key: %w", err)
 	}
 	return nil

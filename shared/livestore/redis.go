@@ -77,18 +77,20 @@ func NewRedis(client *redis.Client, archivePool *pgxpool.Pool, prefix string) *R
 }
 
 // Hash fields: fp, state, status, body, ct, rid, has_rid, created, expires
-// (Unix milliseconds).
+// (Unix milliseconds), reg (the registration token; absent in hashes of
+// older writers, matched as an empty token).
 var (
 	redisRegister = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.call('HGETALL', KEYS[1])
 end
-redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'in_flight', 'created', ARGV[2], 'expires', ARGV[3])
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'in_flight', 'created', ARGV[2], 'expires', ARGV[3], 'reg', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return false`)
 
 	redisComplete = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'state') ~= 'in_flight' or redis.call('HGET', KEYS[1], 'fp') ~= ARGV[1] then
+if redis.call('HGET', KEYS[1], 'state') ~= 'in_flight' or redis.call('HGET', KEYS[1], 'fp') ~= ARGV[1]
+   or (redis.call('HGET', KEYS[1], 'reg') or '') ~= ARGV[9] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'body', ARGV[3], 'ct', ARGV[4], 'rid', ARGV[5], 'has_rid', ARGV[6])
@@ -100,7 +102,8 @@ end
 return 1`)
 
 	redisRelease = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'state') == 'in_flight' and redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then
+if redis.call('HGET', KEYS[1], 'state') == 'in_flight' and redis.call('HGET', KEYS[1], 'fp') == ARGV[1]
+   and (redis.call('HGET', KEYS[1], 'reg') or '') == ARGV[2] then
   return redis.call('DEL', KEYS[1])
 end
 return 0`)
@@ -138,7 +141,7 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	// clock, and an absolute PEXPIREAT read by a Redis server whose clock is
 	// ahead by more than the TTL would drop the hash at once, and let the
 	// next identical request register it again.
-	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds()).Result()
+	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds(), req.Token).Result()
 	if errors.Is(err, redis.Nil) {
 		e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}
 		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true}, nil
@@ -188,7 +191,7 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 		return fmt.Errorf("complete idempotency key: %w", err)
 	}
 	e := entryFromHash(h)
-	if len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) {
+	if len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) || h["reg"] != string(c.Token) {
 		return ErrNotInFlight
 	}
 	_, archiveErr := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt)
@@ -206,7 +209,7 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	// The completed hash lives to the end of its window (by this process's
 	// clock, as the window was set), at least a second.
 	remaining := max(time.Second, e.ExpiresAt.Sub(s.now())).Milliseconds()
-	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID, persist, remaining).Int()
+	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID, persist, remaining, c.Token).Int()
 	switch {
 	case archiveErr != nil:
 		return fmt.Errorf("archive idempotency key at completion (the key is kept in Redis without expiry until archived): %w", archiveErr)
@@ -218,9 +221,10 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	return nil
 }
 
-// Release deletes the in-flight hash this request registered.
-func (s *Redis) Release(ctx context.Context, key string, fp []byte) error {
-	if err := redisRelease.Run(ctx, s.client, []string{s.prefix + key}, fp).Err(); err != nil && !errors.Is(err, redis.Nil) {
+// Release deletes the in-flight hash this request registered (its
+// fingerprint and registration token).
+func (s *Redis) Release(ctx context.Context, key string, fp, token []byte) error {
+	if err := redisRelease.Run(ctx, s.client, []string{s.prefix + key}, fp, token).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("release idempotency key: %w", err)
 	}
 	return nil

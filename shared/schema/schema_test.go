@@ -125,13 +125,15 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	// The Postgres live store works as idempotency_writer alone.
 	store := livestore.NewPostgres(writer)
 	key := "idem:v1:writer-role"
-	reg, err := store.Register(ctx, idempotency.Registering{Key: key, Fingerprint: dbtest.Fingerprint(key), TTL: time.Minute})
+	token := []byte("registration-1")
+	reg, err := store.Register(ctx, idempotency.Registering{Key: key, Fingerprint: dbtest.Fingerprint(key), Token: token, TTL: time.Minute})
 	require.NoError(t, err)
 	require.True(t, reg.Fresh)
-	require.NoError(t, store.Complete(ctx, key, idempotency.Completion{Fingerprint: dbtest.Fingerprint(key), Status: 201, Body: []byte(`{}`)}))
-	reg, err = store.Register(ctx, idempotency.Registering{Key: "idem:v1:writer-role-2", Fingerprint: dbtest.Fingerprint("2"), TTL: time.Minute})
+	require.NoError(t, store.Complete(ctx, key, idempotency.Completion{Fingerprint: dbtest.Fingerprint(key), Token: token, Status: 201, Body: []byte(`{}`)}))
+	reg, err = store.Register(ctx, idempotency.Registering{Key: "idem:v1:writer-role-2", Fingerprint: dbtest.Fingerprint("2"), Token: token, TTL: time.Minute})
 	require.NoError(t, err)
-	require.NoError(t, store.Release(ctx, "idem:v1:writer-role-2", dbtest.Fingerprint("2")))
+	require.NoError(t, store.Release(ctx, "idem:v1:writer-role-2", dbtest.Fingerprint("2"), token))
+	require.EqualValues(t, 0, dbtest.Count(t, writer, "SELECT count(*) FROM idempotency_keys WHERE scoped_key = 'idem:v1:writer-role-2'"))
 }
 
 // Upgrading a database that already holds keys records a writer that bounded

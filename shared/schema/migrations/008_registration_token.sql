@@ -1,0 +1,17 @@
+-- Each registration of a live key carries a token of its own, chosen by the
+-- request that registers it (16 random bytes from the middleware), and the
+-- request completes or releases its key only where the token is its own.
+--
+-- Why: matching on key, fingerprint and state alone cannot tell two
+-- registrations of the same request apart. A request whose registration
+-- landed but whose reply was lost (a timeout, a reset) had to leave its
+-- entry in flight for the whole window, since a release could have freed a
+-- concurrent duplicate's registration instead and let the handler run
+-- twice; the client, told to retry, got 409 in flight and then 409 expired
+-- for a request that never ran. With the token, that request releases only
+-- its own entry, and the retry runs once.
+--
+-- NULL for rows registered before this migration and by writers that send
+-- no token; those are matched as before. Adding a nullable column without a
+-- default rewrites nothing.
+ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS registration bytea;
