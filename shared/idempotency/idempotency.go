@@ -165,6 +165,10 @@ type Registration struct {
 	Entry Entry
 	// Fresh says this call created the entry.
 	Fresh bool
+	// Token is the registration token a fresh entry was stored with:
+	// Registering.Token, or nil when the store could not keep one (a
+	// database not migrated yet). Complete and Release of the entry take it.
+	Token []byte
 	// MayBeArchived says, for a fresh entry, that the archive can hold an
 	// earlier life of the key, so the middleware must look it up. A store
 	// that cannot prove otherwise says true.
@@ -190,7 +194,9 @@ type Store interface {
 	// returns ErrNotInFlight.
 	Complete(ctx context.Context, key string, c Completion) error
 	// Release removes the in-flight entry this request registered: the one
-	// of this fingerprint and registration token.
+	// of this fingerprint and registration token. With a token it matches
+	// only an entry stored with that token; with nil, only one stored
+	// without a token.
 	Release(ctx context.Context, key string, fingerprint, token []byte) error
 }
 
@@ -436,13 +442,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store register failed", "error", err)
 		// The registration may have landed and only its reply been lost:
 		// release it, so that the retry this answer asks for can run. The
-		// token makes this safe: only an entry registered by this request
-		// matches it, never a concurrent duplicate's.
+		// token makes this safe: only an entry registered with it matches,
+		// never a concurrent duplicate's (a store releases by a token only
+		// where it keeps tokens, and never falls back to matching without
+		// one).
 		m.release(ctx, scoped, fp, token)
 		m.retryAfter(w)
 		m.problem(w, r, http.StatusServiceUnavailable, "idempotency_store_unavailable", "the idempotency store is unavailable; retry later", nil)
 		return
 	}
+	// From here on the entry is released and completed by the token it was
+	// stored with (nil: none was kept).
+	token = reg.Token
 	if reg.Ahead {
 		m.ahead(w, r, scoped, fp)
 		return

@@ -338,3 +338,50 @@ func TestThePostgresStoreWorksBeforeTheTokenMigration(t *testing.T) {
 	require.Equal(t, 201, post(srv, "before-008-released", `{}`).Code, "the 503 released its key")
 	require.EqualValues(t, 2, h.calls.Load())
 }
+
+// failRegister fails Register without reaching the store (a connection
+// refused before the statement was sent) while fail is set.
+type failRegister struct {
+	idempotency.Store
+	fail atomic.Bool
+}
+
+func (f *failRegister) Register(ctx context.Context, req idempotency.Registering) (idempotency.Registration, error) {
+	if f.fail.Load() {
+		return idempotency.Registration{}, errors.New("dial tcp: connection refused")
+	}
+	return f.Store.Register(ctx, req)
+}
+
+// A Register that failed before it landed is released by its token like
+// one whose reply was lost; on a database without the registration column
+// (no tokens kept) that release must not match a concurrent duplicate's
+// entry by key and fingerprint: the duplicate in flight stays in flight.
+func TestAFailedRegisterNeverFreesADuplicatesEntry(t *testing.T) {
+	t.Parallel()
+	for _, migrated := range []bool{true, false} {
+		b := setup(t, pg)
+		if !migrated {
+			_, err := b.db.Pool.Exec(context.Background(), "ALTER TABLE idempotency_keys DROP COLUMN registration")
+			require.NoError(t, err)
+		}
+		store := &failRegister{Store: b.store}
+		b.store = store
+		h := &charges{block: make(chan struct{}), started: make(chan struct{}, 1)}
+		srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+		done := make(chan int)
+		go func() { done <- post(srv, "dup", `{"amount":1}`).Code }()
+		<-h.started // the first request is running the charge
+
+		store.fail.Store(true)
+		require.Equal(t, 503, post(srv, "dup", `{"amount":1}`).Code, "migrated=%v", migrated)
+		store.fail.Store(false)
+
+		h2 := &charges{}
+		c := post(b.middleware(t, idempotency.Config{}).Wrap(h2), "dup", `{"amount":1}`)
+		close(h.block)
+		require.Equal(t, 201, <-done)
+		require.Equal(t, 409, c.Code, "migrated=%v: the first request is still in flight", migrated)
+		require.Zero(t, h2.calls.Load(), "migrated=%v", migrated)
+	}
+}

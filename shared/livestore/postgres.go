@@ -45,6 +45,33 @@ type Postgres struct {
 	untokenedUntil atomic.Int64
 }
 
+// byToken runs tokened (args, then the token as its last parameter) for the
+// entry stored with token, or stored without one when token is nil
+// (registration IS NOT DISTINCT FROM NULL). Only a nil token may fall back to
+// untokened (args alone), which matches key and fingerprint whatever the
+// entry's token: in a database without the registration column no entry has
+// one. A token never falls back: a release by a token whose registration may
+// not have landed must not free a concurrent duplicate's entry instead.
+func (p *Postgres) byToken(ctx context.Context, token []byte, tokened, untokened string, args ...any) (pgconn.CommandTag, error) {
+	token = nonEmpty(token)
+	if token == nil && !p.tokens() {
+		return p.pool.Exec(ctx, untokened, args...)
+	}
+	tag, err := p.pool.Exec(ctx, tokened, append(args, token)...)
+	if token == nil && p.noTokenColumn(err) {
+		return p.pool.Exec(ctx, untokened, args...)
+	}
+	return tag, err
+}
+
+// nonEmpty is token, or nil for an empty one: both mean "no token".
+func nonEmpty(token []byte) []byte {
+	if len(token) == 0 {
+		return nil
+	}
+	return token
+}
+
 // tokens reports whether the database takes registration tokens, as far as
 // the store last saw.
 func (p *Postgres) tokens() bool { return time.Now().UnixNano() >= p.untokenedUntil.Load() }
@@ -164,10 +191,16 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 		scan := func(row pgx.Row) error { return row.Scan(&live, &ahead, &created, &expires, &mayBeArchived) }
 		args := []any{req.Key, req.Fingerprint, l.ttlMS, l.skewMS, minted, expirySlack.Milliseconds()}
 		var err error
-		if p.tokens() {
-			err = p.queryRow(ctx, scan, pgRegisterSQL, append(args, req.Token)...)
+		token := nonEmpty(req.Token)
+		if token != nil && p.tokens() {
+			err = p.queryRow(ctx, scan, pgRegisterSQL, append(args, token)...)
+			if p.noTokenColumn(err) {
+				token = nil
+			}
+		} else {
+			token = nil
 		}
-		if !p.tokens() || p.noTokenColumn(err) {
+		if token == nil {
 			err = p.queryRow(ctx, scan, pgRegisterUntokenedSQL, args...)
 		}
 		if err != nil {
@@ -191,7 +224,7 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 			return idempotency.Registration{Entry: e}, err
 		case created != nil:
 			e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: *created, ExpiresAt: *expires}
-			return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: mayBeArchived}, nil
+			return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: mayBeArchived, Token: token}, nil
 		}
 		e, err := p.get(ctx, req.Key)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -252,15 +285,10 @@ func (p *Postgres) Complete(ctx context.Context, key string, c idempotency.Compl
 	if raw == nil {
 		raw = []byte{}
 	}
+	// An entry is completed by the token it was stored with, and one stored
+	// without a token only without one: never one for the other.
 	args := []any{key, c.Fingerprint, c.Status, asJSON, raw, c.ContentType, c.ResourceID}
-	var tag pgconn.CommandTag
-	var err error
-	if p.tokens() {
-		tag, err = p.pool.Exec(ctx, pgCompleteSQL, append(args, c.Token)...)
-	}
-	if !p.tokens() || p.noTokenColumn(err) {
-		tag, err = p.pool.Exec(ctx, pgCompleteUntokenedSQL, args...)
-	}
+	tag, err := p.byToken(ctx, c.Token, pgCompleteSQL, pgCompleteUntokenedSQL, args...)
 	if err != nil {
 		return fmt.Errorf("complete idempotency key: %w", err)
 	}
@@ -272,14 +300,11 @@ func (p *Postgres) Complete(ctx context.Context, key string, c idempotency.Compl
 
 // Release deletes the in-flight row this request registered.
 func (p *Postgres) Release(ctx context.Context, key string, fp, token []byte) error {
-	var err error
-	if p.tokens() {
-		_, err = p.pool.Exec(ctx, pgReleaseSQL, key, fp, token)
-	}
-	if !p.tokens() || p.noTokenColumn(err) {
-		_, err = p.pool.Exec(ctx, pgReleaseUntokenedSQL, key, fp)
-	}
-	if err != nil {
+	// By the token it was stored with, or without one only for an entry
+	// stored without one: a release by a token never falls back to matching
+	// key and fingerprint alone, which could free a concurrent duplicate's
+	// entry (a Register whose reply was lost may not have landed).
+	if _, err := p.byToken(ctx, token, pgReleaseSQL, pgReleaseUntokenedSQL, key, fp); err != nil {
 		return fmt.Errorf("release idempotency key: %w", err)
 	}
 	return nil

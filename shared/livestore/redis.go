@@ -144,7 +144,7 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds(), req.Token).Result()
 	if errors.Is(err, redis.Nil) {
 		e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}
-		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true}, nil
+		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true, Token: req.Token}, nil
 	}
 	if err != nil {
 		return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
