@@ -12,19 +12,25 @@ import (
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
+// unmigratedStore is a Postgres store over a schema without migration 008's
+// registration column.
+func unmigratedStore(t *testing.T) (*dbtest.DB, *Postgres) {
+	t.Helper()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	_, err := db.Pool.Exec(context.Background(), "ALTER TABLE idempotency_keys DROP COLUMN registration")
+	require.NoError(t, err)
+	return db, NewPostgres(db.Pool)
+}
+
 // A process that registered without tokens (the database had no
 // registration column) completes and releases those entries by the token
 // the store reported, nil, after migration 008 runs and the store uses
 // tokens again.
 func TestEntriesRegisteredBeforeTheMigrationCompleteAfterIt(t *testing.T) {
 	t.Parallel()
-	db := dbtest.New(t)
-	db.Partition(t, 0)
-	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, "ALTER TABLE idempotency_keys DROP COLUMN registration")
-	require.NoError(t, err)
-	p := NewPostgres(db.Pool)
-	fp := dbtest.Fingerprint("a")
+	db, p := unmigratedStore(t)
+	ctx, fp := context.Background(), dbtest.Fingerprint("a")
 	regs := map[string]idempotency.Registration{}
 	for _, key := range []string{"idem:v1:complete", "idem:v1:release"} {
 		reg, err := p.Register(ctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour})
@@ -33,7 +39,7 @@ func TestEntriesRegisteredBeforeTheMigrationCompleteAfterIt(t *testing.T) {
 		require.Nil(t, reg.Token, "no token was kept")
 		regs[key] = reg
 	}
-	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_keys ADD COLUMN registration bytea")
+	_, err := db.Pool.Exec(ctx, "ALTER TABLE idempotency_keys ADD COLUMN registration bytea")
 	require.NoError(t, err)
 	p.untokenedUntil.Store(time.Now().UnixNano())
 
@@ -47,13 +53,8 @@ func TestEntriesRegisteredBeforeTheMigrationCompleteAfterIt(t *testing.T) {
 // registered without one runs exactly one statement that finds it.
 func TestTheTokenlessMinuteEndingNeverSkipsAStatement(t *testing.T) {
 	t.Parallel()
-	db := dbtest.New(t)
-	db.Partition(t, 0)
-	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, "ALTER TABLE idempotency_keys DROP COLUMN registration")
-	require.NoError(t, err)
-	p := NewPostgres(db.Pool)
-	fp := dbtest.Fingerprint("a")
+	db, p := unmigratedStore(t)
+	ctx, fp := context.Background(), dbtest.Fingerprint("a")
 	for i := range 300 {
 		reg, err := p.Register(ctx, idempotency.Registering{Key: "idem:v1:race", Fingerprint: fp, TTL: time.Hour})
 		require.NoError(t, err)
