@@ -12,6 +12,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/cfn"
 
+	"github.com/idemarchive/idemarchive/shared/cfnresponse"
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/provision"
 	"github.com/idemarchive/idemarchive/shared/schema"
@@ -23,9 +24,14 @@ import (
 const PhysicalID = "idempotency-archive-schema"
 
 // answerMargin is kept free before the invocation's deadline to send the
-// answer: a handler cut off by its timeout never answers, and CloudFormation
-// waits an hour for it.
+// answer (Handle's context ends that much earlier): a handler cut off by its
+// timeout never answers, and CloudFormation waits its ServiceTimeout.
 const answerMargin = 15 * time.Second
+
+// lambdaHandler is the function: Handle, answered to CloudFormation.
+func lambdaHandler(env *fnenv.Env) func(context.Context, cfn.Event) error {
+	return cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger, SendMargin: answerMargin})
+}
 
 // maxReason bounds the reason sent back: CloudFormation rejects a response
 // over 4096 bytes, and then shows no reason at all.
@@ -78,11 +84,6 @@ func (h *handler) Handle(ctx context.Context, ev cfn.Event) (physicalID string, 
 	props, err := decode(ev.ResourceProperties)
 	if err != nil {
 		return physicalID, nil, err
-	}
-	if deadline, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-answerMargin))
-		defer cancel()
 	}
 	pool, err := h.env.DB.Get(ctx)
 	if err != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemarchive/idemarchive/shared/cfnresponse"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/provision"
@@ -112,7 +111,7 @@ func setup(t *testing.T) bundle {
 	db.Pool = db.NewPool(t)
 
 	env, stdout, stderr := testenv.FunctionEnv(t, db, nil)
-	h := lambda.NewHandler(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}))
+	h := lambda.NewHandler(lambdaHandler(env))
 	c := newCloudFormation(t)
 	b := bundle{db: db, users: users, cfn: c, stdout: stdout, stderr: stderr}
 	b.invoke = func(event []byte) cfn.Response {
@@ -269,7 +268,7 @@ func TestThePropertiesCloudFormationReadsAreAccepted(t *testing.T) {
 func TestAnUndeliverableAnswerLeaksNoSignature(t *testing.T) {
 	t.Parallel()
 	env, stdout, stderr := testenv.FunctionEnv(t, &dbtest.DB{URL: "postgres://nobody@127.0.0.1:1/none"}, nil)
-	h := lambda.NewHandler(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}))
+	h := lambda.NewHandler(lambdaHandler(env))
 	var ev map[string]any
 	require.NoError(t, json.Unmarshal(testenv.Event(t, "migrate-cfn-delete.json"), &ev))
 	ev["ResponseURL"] = "http://127.0.0.1:1/response?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=SECRETSIG"
@@ -328,7 +327,7 @@ func TestDatabaseFailureFailsTheDeployWithTheReason(t *testing.T) {
 	// GIVEN a function whose search_path names a schema that does not exist
 	db := &dbtest.DB{URL: dbtest.WithSearchPath(t, dbtest.URL(t), "no_such_schema_"+randomSuffix())}
 	env, _, _ := testenv.FunctionEnv(t, db, nil)
-	h := lambda.NewHandler(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}))
+	h := lambda.NewHandler(lambdaHandler(env))
 	c := newCloudFormation(t)
 	b := bundle{cfn: c, users: provision.Users{Sweeper: "s_" + randomSuffix(), Reader: "r_" + randomSuffix(), Owner: "o_" + randomSuffix()}}
 	// WHEN the Create event is handled
@@ -344,7 +343,7 @@ func TestDeleteKeepsTheArchive(t *testing.T) {
 	t.Parallel()
 	// GIVEN a function whose database is unreachable
 	env, _, _ := testenv.FunctionEnv(t, &dbtest.DB{URL: "postgres://nobody@127.0.0.1:1/none"}, nil)
-	h := lambda.NewHandler(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}))
+	h := lambda.NewHandler(lambdaHandler(env))
 	c := newCloudFormation(t)
 	var ev map[string]any
 	require.NoError(t, json.Unmarshal(testenv.Event(t, "migrate-cfn-delete.json"), &ev))

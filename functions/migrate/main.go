@@ -7,11 +7,10 @@ package main
 import (
 	"github.com/aws/aws-lambda-go/lambda"
 
-	"github.com/idemarchive/idemarchive/shared/cfnresponse"
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 )
 
 func main() {
 	env := fnenv.MustLoad()
-	lambda.StartWithOptions(cfnresponse.Wrap((&handler{env: env}).Handle, cfnresponse.Options{Logger: env.Logger}), lambda.WithEnableSIGTERM(env.Close))
+	lambda.StartWithOptions(lambdaHandler(env), lambda.WithEnableSIGTERM(env.Close))
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -495,31 +496,39 @@ func TestAClientThatGoesAwayStillReleasesTheKey(t *testing.T) {
 	})
 }
 
-// When the archive row cannot be written, the Redis key is kept (completed,
-// without expiry) so that it keeps replaying: it must never run twice.
-func TestRedisKeepsAKeyItCouldNotArchive(t *testing.T) {
-	t.Parallel()
-	b := setup(t, rds)
-	client, prefix := testenv.Redis(t)
-	// A pool whose role may record itself as a writer but not insert into
-	// the archive.
-	ctx := context.Background()
+// noArchiveInsertPool is a pool whose role may record itself as a writer
+// but not insert into the archive.
+func noArchiveInsertPool(t *testing.T, b bundle) *pgxpool.Pool {
+	t.Helper()
 	role := "no_insert_" + mintKey(plainKey, time.Now())[6:18]
 	for _, stmt := range []string{
 		"CREATE ROLE " + role + " NOLOGIN",
 		"GRANT " + schema.ReaderRole + " TO " + role,
 		"GRANT INSERT, UPDATE ON idempotency_writers TO " + role,
 	} {
-		_, err := b.db.Pool.Exec(ctx, stmt)
+		_, err := b.db.Pool.Exec(context.Background(), stmt)
 		require.NoError(t, err, stmt)
 	}
 	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
-	noInsert := b.db.NewPool(t, dbtest.AsRole(role))
-	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, noInsert, prefix), SingleTenant: true, Archive: b.reader, LiveTTL: time.Hour})
+	return b.db.NewPool(t, dbtest.AsRole(role))
+}
+
+// When the archive row cannot be written, the Redis key is kept (completed,
+// without expiry) so that it keeps replaying: it must never run twice. The
+// store's error reaches the log for the operator to reconcile, though the
+// completion's next attempt finds the key completed (ErrNotInFlight).
+func TestRedisKeepsAKeyItCouldNotArchive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	client, prefix := testenv.Redis(t)
+	var logs strings.Builder
+	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, noArchiveInsertPool(t, b), prefix), SingleTenant: true, Archive: b.reader,
+		LiveTTL: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	h := &charges{}
 	srv := mw.Wrap(h)
 	require.Equal(t, 201, post(srv, "unarchived", `{}`).Code)
+	require.Contains(t, logs.String(), "archive idempotency key at completion", "logs: %q", logs.String())
 	ttl, err := client.TTL(context.Background(), prefix+"idem:v1:unarchived").Result()
 	require.NoError(t, err)
 	require.Equal(t, time.Duration(-1), ttl, "no expiry: the key is never forgotten")

@@ -3,9 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,45 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
-	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
-	"github.com/idemarchive/idemarchive/shared/livestore"
-	"github.com/idemarchive/idemarchive/shared/schema"
-	"github.com/idemarchive/idemarchive/shared/testenv"
 )
-
-// A Redis completion whose archive insert fails keeps the hash without
-// expiry and returns an error for the operator to reconcile; the next
-// attempt finds the key completed (ErrNotInFlight). That first error still
-// reaches the log.
-func TestARedisArchiveFailureReachesTheLog(t *testing.T) {
-	t.Parallel()
-	b := setup(t, rds)
-	client, prefix := testenv.Redis(t)
-	ctx := context.Background()
-	role := "no_insert_" + mintKey(plainKey, time.Now())[6:18]
-	for _, stmt := range []string{
-		"CREATE ROLE " + role + " NOLOGIN",
-		"GRANT " + schema.ReaderRole + " TO " + role,
-		"GRANT INSERT, UPDATE ON idempotency_writers TO " + role,
-	} {
-		_, err := b.db.Pool.Exec(ctx, stmt)
-		require.NoError(t, err, stmt)
-	}
-	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
-	noInsert := b.db.NewPool(t, dbtest.AsRole(role))
-	var logs strings.Builder
-	mw, err := idempotency.New(idempotency.Config{Store: livestore.NewRedis(client, noInsert, prefix), SingleTenant: true, Archive: b.reader,
-		LiveTTL: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	require.NoError(t, err)
-	h := &charges{}
-	require.Equal(t, 201, post(mw.Wrap(h), "unarchived", `{}`).Code)
-	ttl, err := client.TTL(ctx, prefix+"idem:v1:unarchived").Result()
-	require.NoError(t, err)
-	require.Equal(t, time.Duration(-1), ttl, "persisted: the archive insert did fail")
-	require.Contains(t, logs.String(), "archive idempotency key at completion",
-		"the archive failure must reach the log for the operator to reconcile; logs: %q", logs.String())
-}
 
 // A handler that wrote 201 and part of its body, then panicked: the key
 // keeps the 201 and the resource id the body got as far as, and the retry
