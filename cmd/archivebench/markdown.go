@@ -73,26 +73,27 @@ func (r *report) tables() string {
 	if t := r.Traffic; t != nil {
 		w("### 6. Live traffic while sweeping: register-and-complete of fresh ULID keys (Postgres live store), %d writers, %s per case in a closed loop and %s at an offered load, in %d rounds, beside %s expired live rows\n\n",
 			t.Writers, thousands(int64(t.Ops)), thousands(int64(t.OpenLoopOps)), t.Rounds, thousands(int64(t.Backlog)))
-		w("| Case | offered ops/s | start lag p99 ms | ops/s | p50 ms | p99 ms | max ms | p99 per round ms | p99 vs no sweeper | sweeper rows/s | sweep batches | batch p95 ms | backlog reloads |\n")
-		w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		w("| Case | offered ops/s | start lag p99 ms | ops/s | p50 ms | p99 ms | max ms | p99 per round ms | p99 vs no sweeper | sweeper rows/s | sweep batches | batch p95 ms | sweeper busy | backlog reloads |\n")
+		w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, c := range t.Results {
 			var rounds []string
 			for _, l := range c.Rounds {
 				rounds = append(rounds, fmt.Sprintf("%.2f", l.P99MS))
 			}
 			sweeper := "–"
-			batches, p95, reloads := "–", "–", "–"
+			batches, p95, busy, reloads := "–", "–", "–", "–"
 			if c.Sweeping {
 				sweeper = thousands(int64(c.SweptRowsPerSec))
 				batches, p95, reloads = fmt.Sprint(c.SweepBatches), fmt.Sprintf("%.0f", c.SweepBatchP95MS), fmt.Sprint(c.SweepReloads)
+				busy = fmt.Sprintf("%.0f%%", c.SweepBusyPct)
 			}
 			offered, lag := "closed loop", "–"
 			if c.OfferedOpsPerSec > 0 {
 				offered, lag = thousands(int64(c.OfferedOpsPerSec)), fmt.Sprintf("%.2f", c.StartLagP99MS)
 			}
-			w("| %s | %s | %s | %s | %.2f | %.2f | %.1f | %s | %.2fx | %s | %s | %s | %s |\n",
+			w("| %s | %s | %s | %s | %.2f | %.2f | %.1f | %s | %.2fx | %s | %s | %s | %s | %s |\n",
 				c.Case, offered, lag, thousands(int64(c.OpsPerSec)), c.P50MS, c.P99MS, c.MaxMS, strings.Join(rounds, " / "), c.P99VsBaseline,
-				sweeper, batches, p95, reloads)
+				sweeper, batches, p95, busy, reloads)
 		}
 		if c, ok := t.result(caseTrafficFlatOut); ok && t.SweepAloneRowsPerSec > 0 {
 			w("\nThe sweeper alone over the same backlog moved %s rows/s; beside the traffic it kept %.0f%% of that. ",
@@ -171,7 +172,7 @@ func (r *report) document(tables string) string {
 	w("The live table holds the same expired backlog (completed keys of the three shapes, expired over the last day) at the start of every run, reloaded, vacuumed, analyzed and checkpointed as for the sweep. ")
 	w("With the sweeper, `sweep.New(pool, sweep.Config{BatchSize: 10000, Pause: p}, partitions, nil).Run` runs in a loop from before the writers start (the timing begins after its first batch) until they finish, and is then canceled; had the backlog drained, it would have been loaded again (the reloads column). ")
 	w("p is sweep.DefaultPause (200 ms, what SWEEP_PAUSE defaults to, jittered by ±25%%) as deployed, or 0 flat out. ")
-	w("The sweeper's rows/s are the rows it moved while the writers ran over that time. ")
+	w("The sweeper's rows/s are the rows it moved while the writers ran over that time; its batch p95 is of each batch's own time (`sweep.Progress.Took`: its transaction, without the pause before it), and sweeper busy is the sum of those times over the writers' window. ")
 	w("In the closed-loop cases each writer starts its next operation when the last one ends, so the writers keep the machine's 2 cores saturated and any work beside them, the sweeper's included, takes its share of the CPU out of their latency. ")
 	w("In the open-loop cases (a database with headroom, as a payment API runs one) operations arrive at a quarter of the closed-loop baseline's throughput in the first round, operation n due at start + n/rate; each is timed from when it started, and how late it started after it was due is reported apart (start lag p99: the load generator's own timer precision on 2 busy cores, and any wait for a free writer), so that the generator's lag does not count as the live store's latency on both sides; the 'p99 vs no sweeper' of those cases is against the open-loop baseline, and a ratio is worth as much as the per-round p99s agree. ")
 	w("The cases run in rounds of alternating order (the closed-loop cases, then the open-loop ones, each group in order, then reversed) and each case's operations are pooled.\n\n")

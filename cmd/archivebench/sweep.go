@@ -267,13 +267,11 @@ func reloadLive(ctx context.Context, db *benchDB) error {
 
 func runProjectSweeper(ctx context.Context, db *benchDB, parts *partition.Manager, p *progress, res *sweepResult) error {
 	var batches []time.Duration
-	var last time.Duration
 	s, err := sweep.New(db.Pool, sweep.Config{
 		BatchSize: sweepBatch,
 		Pause:     0,
 		OnBatch: func(pr sweep.Progress) {
-			batches = append(batches, pr.Elapsed-last)
-			last = pr.Elapsed
+			batches = append(batches, pr.Took)
 			p.Update("%d rows moved, %d batches", pr.Moved, pr.Batches)
 		},
 	}, parts, nil)

@@ -70,7 +70,10 @@ type trafficResult struct {
 	SweptRows       int64   `json:"swept_rows"`
 	SweptRowsPerSec float64 `json:"swept_rows_per_sec"`
 	SweepBatches    int     `json:"sweep_batches"`
-	SweepBatchP95MS float64 `json:"sweep_batch_p95_ms"`
+	SweepBatchP95MS float64 `json:"sweep_batch_p95_ms"` // each batch's own time (sweep.Progress.Took), not the pause before it
+	// SweepBusyPct is the share of the writers' window the sweeper spent
+	// in batches.
+	SweepBusyPct float64 `json:"sweep_busy_pct"`
 	// SweepReloads counts the times the backlog drained during a round and
 	// was loaded again (the reload's own writes then count against the
 	// traffic); BacklogLeft is the fewest expired rows still live when a
@@ -113,6 +116,11 @@ func combineRuns(c trafficCase, runs []trafficRun) trafficResult {
 	res.SweptRowsPerSec = ratio(float64(res.SweptRows), elapsed.Seconds())
 	res.SweepBatches = len(batches)
 	res.SweepBatchP95MS = ms(percentile(batches, 95))
+	var busy time.Duration
+	for _, b := range batches {
+		busy += b
+	}
+	res.SweepBusyPct = 100 * ratio(busy.Seconds(), elapsed.Seconds())
 	if len(lags) > 0 {
 		res.StartLagP99MS = ms(percentile(lags, 99))
 	}
@@ -328,17 +336,15 @@ func (l *sweeperLoop) run(ctx context.Context, db *benchDB, parts *partition.Man
 	var base int64
 	var once sync.Once
 	for {
-		var last time.Duration
 		s, err := sweep.New(db.Pool, sweep.Config{
 			BatchSize: sweepBatch,
 			Pause:     pause,
 			OnBatch: func(pr sweep.Progress) {
 				now := time.Now()
 				l.mu.Lock()
-				l.batches = append(l.batches, pr.Elapsed-last)
+				l.batches = append(l.batches, pr.Took)
 				l.batchEnds = append(l.batchEnds, now)
 				l.mu.Unlock()
-				last = pr.Elapsed
 				l.moved.Store(base + pr.Moved)
 				once.Do(func() { close(l.started) })
 			},

@@ -83,6 +83,7 @@ func TestCombineRuns(t *testing.T) {
 	require.InDelta(t, 20_000, c.SweptRowsPerSec, 1e-9)
 	require.Equal(t, 3, c.SweepBatches)
 	require.InDelta(t, 300, c.SweepBatchP95MS, 1e-9)
+	require.InDelta(t, 30, c.SweepBusyPct, 1e-9, "600 ms of batches in 2 s")
 	require.Equal(t, 1, c.SweepReloads)
 	require.EqualValues(t, 90_000, c.BacklogLeft, "the fewest left in any round")
 	require.Len(t, c.Rounds, 2)
@@ -93,6 +94,7 @@ func TestCombineRuns(t *testing.T) {
 	require.Zero(t, empty.OpsPerSec)
 	require.Zero(t, empty.Ops)
 	require.Zero(t, empty.StartLagP99MS)
+	require.Zero(t, empty.SweepBusyPct)
 }
 
 func TestTrafficRendering(t *testing.T) {
@@ -100,14 +102,14 @@ func TestTrafficRendering(t *testing.T) {
 	r := report{Traffic: &trafficSection{Ops: 4, OpenLoopOps: 2, Rounds: 2, Writers: 4, Backlog: 500_000, SweepAloneRowsPerSec: 60_000, Results: []trafficResult{
 		{Case: caseTrafficAlone, Baseline: caseTrafficAlone, latency: latency{P99MS: 4}, P99VsBaseline: 1},
 		{Case: caseTrafficDeployed, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 4.8}, P99VsBaseline: 1.2, SweptRowsPerSec: 9_000, BacklogLeft: 350_000},
-		{Case: caseTrafficFlatOut, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 6}, P99VsBaseline: 1.5, SweptRowsPerSec: 15_000, BacklogLeft: 300_000},
+		{Case: caseTrafficFlatOut, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 6}, P99VsBaseline: 1.5, SweptRowsPerSec: 15_000, BacklogLeft: 300_000, SweepBatches: 12, SweepBatchP95MS: 420, SweepBusyPct: 87.4},
 		{Case: caseTrafficOpenAlone, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, latency: latency{P99MS: 2}, P99VsBaseline: 1},
 		{Case: caseTrafficOpenDeployed, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, StartLagP99MS: 0.9, Sweeping: true, latency: latency{P99MS: 2.2}, P99VsBaseline: 1.1, SweptRowsPerSec: 12_000},
 	}}}
 	tables := r.tables()
 	require.Contains(t, tables, "### 6. Live traffic while sweeping")
 	require.Contains(t, tables, "4 per case in a closed loop and 2 at an offered load")
-	require.Contains(t, tables, "| 1.50x | 15,000 |")
+	require.Contains(t, tables, "| 1.50x | 15,000 | 12 | 420 | 87% | 0 |")
 	require.Contains(t, tables, "| "+caseTrafficOpenDeployed+" | 2,400 | 0.90 |")
 	require.Contains(t, tables, "| "+caseTrafficAlone+" | closed loop | – |")
 	require.Contains(t, tables, "kept 25% of that")

@@ -264,12 +264,19 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Progress is reported after each batch.
+// Progress is reported after each batch: the run's totals so far, and the
+// batch's own time.
 type Progress struct {
 	Batches  int
 	Moved    int64
 	Archived int64
-	Elapsed  time.Duration
+	// Elapsed is the run's time so far, pauses included.
+	Elapsed time.Duration
+	// Took is this batch's time, from its first attempt to its commit,
+	// without the pause before it: a batch retried after an archive
+	// conflict or a missing partition counts every attempt (and the
+	// partitions' creation).
+	Took time.Duration
 }
 
 // Stop reasons reported in Result.Stopped.
@@ -461,6 +468,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		s.metrics.Emit(values...)
 	}()
 
+	var batchStart time.Time   // when the batch being tried began, its retries included
 	raced := 0                 // consecutive batches whose missing partition appeared meanwhile
 	safe := s.conflicts.safe() // whether batches insert with the conflict clause
 	for {
@@ -474,6 +482,9 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin, AfterConflict: res.ConflictRetries > 0}
 			}
 			return res, nil
+		}
+		if batchStart.IsZero() {
+			batchStart = time.Now()
 		}
 		b, err := s.batch(ctx, safe)
 		if errors.Is(err, errArchiveConflict) {
@@ -516,8 +527,9 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		res.Moved += b.removed
 		res.Archived += b.archived
 		if s.cfg.OnBatch != nil {
-			s.cfg.OnBatch(Progress{Batches: res.Batches, Moved: res.Moved, Archived: res.Archived, Elapsed: time.Since(start)})
+			s.cfg.OnBatch(Progress{Batches: res.Batches, Moved: res.Moved, Archived: res.Archived, Elapsed: time.Since(start), Took: time.Since(batchStart)})
 		}
+		batchStart = time.Time{}
 		if b.selected < int64(s.cfg.BatchSize) {
 			res.Drained = true
 			res.Stopped = StoppedDrained

@@ -189,6 +189,13 @@ func TestAConflictLaterInTheRunSwitchesToTheSafeBatch(t *testing.T) {
 	require.Equal(t, int64(4), batches[1].Moved)
 	require.Equal(t, int64(6), batches[2].Moved)
 	require.Equal(t, int64(5), batches[2].Archived)
+	for i, p := range batches {
+		require.Positive(t, p.Took, "batch %d", i)
+		require.LessOrEqual(t, p.Took, p.Elapsed, "batch %d", i)
+		if i > 0 {
+			require.LessOrEqual(t, p.Took, p.Elapsed-batches[i-1].Elapsed, "batch %d took longer than the time since the last one", i)
+		}
+	}
 	require.EqualValues(t, 0, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
 	require.EqualValues(t, 7, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 	require.Equal(t, ptr("ch_archived"), archiveRow(t, b.db.Pool, "idem:v1:k-4").ResourceID, "the first archive row wins")
@@ -374,12 +381,19 @@ func TestZeroPauseMeansNoPause(t *testing.T) {
 	for i := range 3 {
 		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("p%02d", i), Status: 200, ExpiresAt: time.Now().Add(-time.Hour)})
 	}
-	s, err = sweep.New(b.db.Pool, sweep.Config{BatchSize: 1, Pause: time.Millisecond}, nil, nil)
+	var batches []sweep.Progress
+	s, err = sweep.New(b.db.Pool, sweep.Config{BatchSize: 1, Pause: time.Millisecond, OnBatch: func(p sweep.Progress) { batches = append(batches, p) }}, nil, nil)
 	require.NoError(t, err)
-	s.SetSleep(func(context.Context, time.Duration) error { sleeps.Add(1); return nil })
+	const slept = 50 * time.Millisecond
+	s.SetSleep(func(context.Context, time.Duration) error { sleeps.Add(1); time.Sleep(slept); return nil })
 	_, err = s.Run(context.Background())
 	require.NoError(t, err)
 	require.EqualValues(t, 3, sleeps.Load())
+	// A batch's own time leaves out the pause before it.
+	require.Len(t, batches, 4)
+	for i := 1; i < len(batches); i++ {
+		require.GreaterOrEqual(t, batches[i].Elapsed-batches[i-1].Elapsed-batches[i].Took, slept, "batch %d counts the pause before it", i)
+	}
 }
 
 func TestStopsBeforeTheDeadlineAndAfterMaxDuration(t *testing.T) {
