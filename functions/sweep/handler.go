@@ -103,7 +103,7 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		return res, err
 	}
 	log.InfoContext(ctx, "sweep finished", "moved", res.Moved, "archived", res.Archived, "batches", res.Batches,
-		"conflict_retries", res.ConflictRetries, "stopped", res.Stopped, "backlog", res.Backlog, "duration_ms", res.DurationMS)
+		"conflict_retries", res.ConflictRetries, "stopped", res.Stopped, "backlog", res.Backlog, "batch_max_ms", res.BatchMaxMS, "duration_ms", res.DurationMS)
 	return res, nil
 }
 

@@ -32,6 +32,7 @@ type summary struct {
 	ConflictRetries          int `json:"conflict_retries"`
 	Drained                  bool
 	Stopped                  string
+	BatchMaxMS               *int64 `json:"batch_max_ms"`
 	DurationMS               *int64 `json:"duration_ms"`
 }
 
@@ -46,6 +47,8 @@ func TestScheduledSweepDrains(t *testing.T) {
 	require.True(t, s.Drained)
 	require.Zero(t, s.Backlog)
 	require.NotNil(t, s.DurationMS)
+	require.NotNil(t, s.BatchMaxMS)
+	require.LessOrEqual(t, *s.BatchMaxMS, *s.DurationMS, "no batch outlasts its run")
 	require.EqualValues(t, 12, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 	require.Len(t, testenv.Lines(stdout.String(), `"idempotency_archived_total":12`), 1)
 }

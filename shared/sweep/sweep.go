@@ -311,7 +311,10 @@ type Result struct {
 	// partition can exist. They stay live; fix or delete them.
 	Unarchivable      int64    `json:"unarchivable"`
 	PartitionsCreated []string `json:"partitions_created"`
-	DurationMS        int64    `json:"duration_ms"`
+	// BatchMaxMS is the longest batch of the run, in milliseconds (see
+	// Progress.Took): about the longest any batch held its rows locked.
+	BatchMaxMS int64 `json:"batch_max_ms"`
+	DurationMS int64 `json:"duration_ms"`
 }
 
 // MissingPartitionError reports expired rows whose month has no archive
@@ -526,8 +529,10 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		res.Batches++
 		res.Moved += b.removed
 		res.Archived += b.archived
+		took := time.Since(batchStart)
+		res.BatchMaxMS = max(res.BatchMaxMS, took.Milliseconds())
 		if s.cfg.OnBatch != nil {
-			s.cfg.OnBatch(Progress{Batches: res.Batches, Moved: res.Moved, Archived: res.Archived, Elapsed: time.Since(start), Took: time.Since(batchStart)})
+			s.cfg.OnBatch(Progress{Batches: res.Batches, Moved: res.Moved, Archived: res.Archived, Elapsed: time.Since(start), Took: took})
 		}
 		batchStart = time.Time{}
 		if b.selected < int64(s.cfg.BatchSize) {

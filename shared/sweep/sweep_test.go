@@ -189,6 +189,11 @@ func TestAConflictLaterInTheRunSwitchesToTheSafeBatch(t *testing.T) {
 	require.Equal(t, int64(4), batches[1].Moved)
 	require.Equal(t, int64(6), batches[2].Moved)
 	require.Equal(t, int64(5), batches[2].Archived)
+	longest := time.Duration(0)
+	for _, p := range batches {
+		longest = max(longest, p.Took)
+	}
+	require.Equal(t, longest.Milliseconds(), res.BatchMaxMS, "the result's longest batch is the longest reported")
 	for i, p := range batches {
 		require.Positive(t, p.Took, "batch %d", i)
 		require.LessOrEqual(t, p.Took, p.Elapsed, "batch %d", i)
