@@ -72,7 +72,8 @@ type trafficResult struct {
 	SweepBatches    int     `json:"sweep_batches"`
 	SweepBatchP95MS float64 `json:"sweep_batch_p95_ms"` // each batch's own time (sweep.Progress.Took), not the pause before it
 	// SweepBusyPct is the share of the writers' window the sweeper spent
-	// in batches.
+	// in batches (see busyWithin): at least this much, as the batch still
+	// running when the writers finish is canceled unreported.
 	SweepBusyPct float64 `json:"sweep_busy_pct"`
 	// SweepReloads counts the times the backlog drained during a round and
 	// was loaded again (the reload's own writes then count against the
@@ -89,6 +90,7 @@ type trafficRun struct {
 	elapsed     time.Duration
 	swept       int64
 	batches     []time.Duration
+	busy        time.Duration // the sweeper's time in batches within the window
 	reloads     int
 	backlogLeft int64
 }
@@ -97,8 +99,9 @@ type trafficRun struct {
 func combineRuns(c trafficCase, runs []trafficRun) trafficResult {
 	res := trafficResult{Case: c.name, Sweeping: c.sweeping, Baseline: c.baseline, BacklogLeft: -1}
 	var all, batches, lags []time.Duration
-	var elapsed time.Duration
+	var elapsed, busy time.Duration
 	for _, r := range runs {
+		busy += r.busy
 		all = append(all, r.times...)
 		lags = append(lags, r.lags...)
 		batches = append(batches, r.batches...)
@@ -116,10 +119,6 @@ func combineRuns(c trafficCase, runs []trafficRun) trafficResult {
 	res.SweptRowsPerSec = ratio(float64(res.SweptRows), elapsed.Seconds())
 	res.SweepBatches = len(batches)
 	res.SweepBatchP95MS = ms(percentile(batches, 95))
-	var busy time.Duration
-	for _, b := range batches {
-		busy += b
-	}
 	res.SweepBusyPct = 100 * ratio(busy.Seconds(), elapsed.Seconds())
 	if len(lags) > 0 {
 		res.StartLagP99MS = ms(percentile(lags, 99))
@@ -389,6 +388,32 @@ func batchesWithin(times []time.Duration, ends []time.Time, from, to time.Time) 
 	return out
 }
 
+// busyWithin returns how much of [from, to] the batches that took times and
+// ended at ends spent running: each batch's span, [end - took, end], clipped
+// to the window, so that a batch that began before the window counts only
+// its part inside it. A batch still running at to is not among them (the
+// sweeper is canceled then and reports nothing for it): the figure is a
+// lower bound.
+func busyWithin(times []time.Duration, ends []time.Time, from, to time.Time) time.Duration {
+	var busy time.Duration
+	for i, e := range ends {
+		if i >= len(times) {
+			break
+		}
+		start, end := e.Add(-times[i]), e
+		if start.Before(from) {
+			start = from
+		}
+		if end.After(to) {
+			end = to
+		}
+		if end.After(start) {
+			busy += end.Sub(start)
+		}
+	}
+	return busy
+}
+
 // runTraffic runs ops register-and-complete operations split over the
 // writers, beside the sweeper when sweeping, and times each: in a closed
 // loop when interval is 0, else one arriving every interval (see
@@ -467,6 +492,7 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 		res.swept = movedAtEnd - movedAtStart
 		loop.mu.Lock()
 		res.batches = batchesWithin(loop.batches, loop.batchEnds, t0, t1)
+		res.busy = busyWithin(loop.batches, loop.batchEnds, t0, t1)
 		loop.mu.Unlock()
 		res.reloads = int(loop.reloads.Load())
 	}

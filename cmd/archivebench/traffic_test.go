@@ -36,6 +36,31 @@ func TestBatchesWithin(t *testing.T) {
 	require.Equal(t, []time.Duration{1}, batchesWithin(times[:1], ends[:2], at(0), at(9)))
 }
 
+// The sweeper's busy time counts only the part of each batch inside the
+// window: a sweeper in batches back to back is busy the whole window,
+// wherever its batches begin and end, and never more.
+func TestBusyWithinClipsToTheWindow(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	// Batches of 1 s back to back, ending at 1 s, 2 s, ... 10 s.
+	var times []time.Duration
+	var ends []time.Time
+	for i := 1; i <= 10; i++ {
+		times, ends = append(times, time.Second), append(ends, t0.Add(time.Duration(i)*time.Second))
+	}
+	for _, w := range []struct{ from, to time.Duration }{{0, ms(3400)}, {ms(500), ms(3450)}, {ms(1400), ms(3000)}, {ms(100), ms(9900)}} {
+		from, to := t0.Add(w.from), t0.Add(w.to)
+		require.Equal(t, to.Sub(from), busyWithin(times, ends, from, to), "window %v-%v", w.from, w.to)
+		// Without the batch running at the window's end (canceled, so
+		// never reported), busy is the window up to the last end in it.
+		n := int(w.to / time.Second)
+		require.Equal(t, t0.Add(time.Duration(n)*time.Second).Sub(from), busyWithin(times[:n], ends[:n], from, to), "window %v-%v", w.from, w.to)
+	}
+	require.Zero(t, busyWithin(times, ends, t0.Add(20*time.Second), t0.Add(30*time.Second)))
+	require.Zero(t, busyWithin(times[:0], ends, t0, t0.Add(time.Hour)), "an end recorded without its time is skipped")
+}
+
 func TestRoundOrderAlternates(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, []int{0, 1, 2, 3, 4}, roundOrder(0))
@@ -66,8 +91,8 @@ func TestCombineRuns(t *testing.T) {
 	t.Parallel()
 	ms := time.Millisecond
 	runs := []trafficRun{
-		{times: []time.Duration{1 * ms, 2 * ms}, lags: []time.Duration{1 * ms, 3 * ms}, elapsed: time.Second, swept: 30_000, batches: []time.Duration{100 * ms, 300 * ms}, backlogLeft: 400_000},
-		{times: []time.Duration{3 * ms, 10 * ms}, elapsed: time.Second, swept: 10_000, batches: []time.Duration{200 * ms}, reloads: 1, backlogLeft: 90_000},
+		{times: []time.Duration{1 * ms, 2 * ms}, lags: []time.Duration{1 * ms, 3 * ms}, elapsed: time.Second, swept: 30_000, batches: []time.Duration{100 * ms, 300 * ms}, busy: 350 * ms, backlogLeft: 400_000},
+		{times: []time.Duration{3 * ms, 10 * ms}, elapsed: time.Second, swept: 10_000, batches: []time.Duration{200 * ms}, busy: 250 * ms, reloads: 1, backlogLeft: 90_000},
 	}
 	c := combineRuns(trafficCase{name: "x", sweeping: true, baseline: "b"}, runs)
 	require.Equal(t, "x", c.Case)
@@ -83,7 +108,7 @@ func TestCombineRuns(t *testing.T) {
 	require.InDelta(t, 20_000, c.SweptRowsPerSec, 1e-9)
 	require.Equal(t, 3, c.SweepBatches)
 	require.InDelta(t, 300, c.SweepBatchP95MS, 1e-9)
-	require.InDelta(t, 30, c.SweepBusyPct, 1e-9, "600 ms of batches in 2 s")
+	require.InDelta(t, 30, c.SweepBusyPct, 1e-9, "600 ms busy in 2 s")
 	require.Equal(t, 1, c.SweepReloads)
 	require.EqualValues(t, 90_000, c.BacklogLeft, "the fewest left in any round")
 	require.Len(t, c.Rounds, 2)

@@ -312,7 +312,9 @@ type Result struct {
 	Unarchivable      int64    `json:"unarchivable"`
 	PartitionsCreated []string `json:"partitions_created"`
 	// BatchMaxMS is the longest batch of the run, in milliseconds (see
-	// Progress.Took): about the longest any batch held its rows locked.
+	// Progress.Took: the attempts of a retried batch and the creation of
+	// missing partitions included, so a bound on how long a batch held its
+	// rows locked, not that time itself).
 	BatchMaxMS int64 `json:"batch_max_ms"`
 	DurationMS int64 `json:"duration_ms"`
 }
