@@ -226,7 +226,11 @@ const (
 	// FailClosed answers 503 archive_unavailable with Retry-After (default):
 	// a second charge is worse than a delayed one.
 	FailClosed OnArchiveError = iota
-	// FailOpen runs the handler as if the archive did not hold the key.
+	// FailOpen runs the handler as if the archive did not hold the key,
+	// when the archive answers an error: never when the request ended or
+	// ran out of time during the lookup (an error matching
+	// context.DeadlineExceeded or context.Canceled, the Reader's backstop
+	// for a connection that stops answering included), which is a 503.
 	FailOpen
 )
 
@@ -471,10 +475,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.archived(w, r, rec)
 			return
 		case errors.Is(err, archive.ErrNotFound):
-		case ctx.Err() != nil:
+		case ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 			// The lookup failed because the request ended (the client went
-			// away, a server timeout), not because the archive is down:
-			// FailOpen must not run a key the archive may hold.
+			// away, a server timeout) or had too little time left to run it
+			// (the Reader refuses a query it cannot finish before the
+			// context's deadline, while the context is still live), not
+			// because the archive is down: FailOpen must not run a key the
+			// archive may hold.
 			m.release(ctx, scoped, fp, token)
 			m.archiveUnavailable(w, r)
 			return

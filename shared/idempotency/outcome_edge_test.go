@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 )
 
@@ -140,4 +143,38 @@ func TestAnExpiredInFlightPostgresRowCostsNoArchiveLookup(t *testing.T) {
 	require.Equal(t, 409, w.Code)
 	require.Zero(t, a.calls.Load())
 	require.Less(t, took, 500*time.Millisecond, "a Postgres store's expired in-flight row waited %s on the archive (%d lookups)", took, a.calls.Load())
+}
+
+// FailOpen never runs a late retry whose request has too little time left
+// for the lookup: the Reader refuses a query it cannot finish before the
+// context's deadline (context.DeadlineExceeded) while the context itself is
+// still live, and that is the request running out of time, not the archive
+// failing.
+func TestFailOpenNeverRunsALookupTheDeadlineCutShort(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []storeKind{pg, rds} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			// GIVEN an archived key and a middleware that fails open
+			b := setup(t, kind)
+			dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:archived-plain-key", Status: 201, ResourceID: ptr("ch_old"),
+				CreatedAt: time.Now().Add(-50 * time.Hour), ExpiredAt: time.Now().Add(-26 * time.Hour), Fingerprint: emptyBodyFP})
+			h := &charges{}
+			srv := b.middleware(t, idempotency.Config{OnArchiveError: idempotency.FailOpen}).Wrap(h)
+			require.Equal(t, http.StatusCreated, post(srv, "warm-up", `{}`).Code, "warm the pool and the lease")
+
+			// WHEN its retry arrives with 90 ms left, under the Reader's
+			// 100 ms margin
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Millisecond)
+			defer cancel()
+			r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`)).WithContext(ctx)
+			r.Header.Set(idempotency.HeaderKey, "archived-plain-key")
+			w := httptest.NewRecorder()
+			srv.ServeHTTP(w, r)
+
+			// THEN it is a 503, and the handler ran only for the warm-up
+			require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+			require.EqualValues(t, 1, h.calls.Load(), "the archived key ran again")
+		})
+	}
 }
