@@ -16,37 +16,71 @@ import (
 type lease struct{ ttlMS, skewMS int64 }
 
 // Lease timing: a lease lasts leaseFor of database time and is renewed once
-// renewAfter of local time has passed since the last renewal, so it never
-// runs out under a live writer whose clock is sane. If it does run out (a
-// paused process, a clock jump), the Postgres store's registration finds no
-// live lease, renews it and tries again: a key is never registered without
-// one.
+// renewAfter of local time has passed since the last renewal, by the
+// monotonic clock or by the wall clock (a frozen process, such as a Lambda
+// execution environment between invocations, may not see the pause on its
+// monotonic clock, and a wall clock that stepped back renews too), so it
+// never runs out under a live writer whose clock is sane. If it does run out,
+// the Postgres store's registration finds no live lease, renews it and tries
+// again: a key is never registered without one. The Redis store's
+// registrations check no lease (they never touch PostgreSQL), so its leases
+// are also stamped with its own clock (see pgLeaseSQL).
 const (
 	leaseFor   = 10 * time.Minute
 	renewAfter = 4 * time.Minute
 )
 
 // pgLeaseSQL records that a writer stores keys under ($1 TTL, $2 skew) from
-// now until $3 from now. first_used only moves earlier and used_until only
-// later, so a record never claims less use than happened (a database clock
-// that ran fast when the lease was first taken is corrected by the next
-// renewal).
+// now until $3 from now: by the database's clock, and by the writer's own
+// ($4; NULL for a writer whose registrations the database bounds, the
+// Postgres store's), whichever reaches further. The Redis store refuses keys
+// ahead of its own clock, not the database's: were its clock ahead of the
+// database's by more than leaseFor - renewAfter, a lease by the database's
+// clock alone would end before the timestamps of keys it registers, and a
+// Postgres store sharing the archive would prove those keys never archived.
+// first_used only moves earlier and used_until only later, so a record never
+// claims less use than happened (a database clock that ran fast when the
+// lease was first taken is corrected by the next renewal).
 const pgLeaseSQL = `
 INSERT INTO idempotency_writers AS w (ttl_ms, skew_ms, bounded, first_used, used_until)
-VALUES ($1, $2, true, now(), now() + $3 * interval '1 millisecond')
+VALUES ($1, $2, true, least(now(), coalesce($4::timestamptz, now())),
+        greatest(now(), coalesce($4::timestamptz, now())) + $3 * interval '1 millisecond')
 ON CONFLICT (ttl_ms, skew_ms, bounded) DO UPDATE
    SET first_used = least(w.first_used, excluded.first_used),
        used_until = greatest(w.used_until, excluded.used_until)`
 
 // leases renews a process's leases.
 type leases struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// clock is the writer's own clock, recorded with each lease; nil for a
+	// writer whose registrations the database's clock bounds. Also the
+	// wall clock renewals are timed by (time.Now when nil).
+	clock   func() time.Time
 	mu      sync.Mutex
-	renewed map[lease]time.Time // local time each lease was last renewed
+	renewed map[lease]renewal
 }
 
+// renewal is when a lease was last renewed: the local time (with its
+// monotonic reading), and the writer's clock then.
+type renewal struct{ local, wall time.Time }
+
 func newLeases(pool *pgxpool.Pool) *leases {
-	return &leases{pool: pool, renewed: map[lease]time.Time{}}
+	return &leases{pool: pool, renewed: map[lease]renewal{}}
+}
+
+func (ls *leases) wallNow() time.Time {
+	if ls.clock != nil {
+		return ls.clock().Round(0)
+	}
+	return time.Now().Round(0)
+}
+
+// due says whether a lease last renewed at r needs renewing: renewAfter has
+// passed on the monotonic clock or on the wall clock, or the wall clock went
+// back.
+func (ls *leases) due(r renewal) bool {
+	wall := ls.wallNow().Sub(r.wall)
+	return time.Since(r.local) >= renewAfter || wall >= renewAfter || wall < 0
 }
 
 // renew extends the lease on l when it is due, or always when force.
@@ -54,11 +88,15 @@ func (ls *leases) renew(ctx context.Context, l lease, force bool) error {
 	ls.mu.Lock()
 	last, ok := ls.renewed[l]
 	ls.mu.Unlock()
-	if ok && !force && time.Since(last) < renewAfter {
+	if ok && !force && !ls.due(last) {
 		return nil
 	}
-	start := time.Now()
-	if _, err := ls.pool.Exec(ctx, pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds()); err != nil {
+	start := renewal{local: time.Now(), wall: ls.wallNow()}
+	var own *time.Time
+	if ls.clock != nil {
+		own = &start.wall
+	}
+	if _, err := ls.pool.Exec(ctx, pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds(), own); err != nil {
 		hint := ""
 		switch database.SQLState(err) {
 		case "42P01":

@@ -73,7 +73,10 @@ func (s *Redis) ArchivesAtCompletion() bool { return true }
 // and writing archive rows through archivePool (whose role needs INSERT on
 // idempotency_key_archive, as idempotency_sweeper has).
 func NewRedis(client *redis.Client, archivePool *pgxpool.Pool, prefix string) *Redis {
-	return &Redis{client: client, archive: archivePool, leases: newLeases(archivePool), prefix: prefix, now: time.Now}
+	r := &Redis{client: client, archive: archivePool, leases: newLeases(archivePool), prefix: prefix, now: time.Now}
+	// Its leases are stamped with the clock it refuses keys by.
+	r.leases.clock = func() time.Time { return r.now() }
+	return r
 }
 
 // Hash fields: fp, state, status, body, ct, rid, has_rid, created, expires

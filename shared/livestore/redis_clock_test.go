@@ -43,3 +43,79 @@ func TestRedisExpiriesDoNotDependOnTheServersClock(t *testing.T) {
 		require.InDelta(t, time.Minute.Seconds(), ttl.Seconds(), 5, "skew %s: the completed hash lives to the end of its window", skew)
 	}
 }
+
+// usedUntil reads the lease the Redis store records (TTL 0) for skew.
+func usedUntil(t *testing.T, db *dbtest.DB, skew time.Duration) time.Time {
+	t.Helper()
+	var until time.Time
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		"SELECT used_until FROM idempotency_writers WHERE ttl_ms = 0 AND skew_ms = $1 AND bounded", skew.Milliseconds()).Scan(&until))
+	return until
+}
+
+// The Redis store refuses keys ahead of its own clock, not the database's,
+// so its lease reaches as far as its own clock says: a process clock an hour
+// ahead of the database's registers keys minted up to an hour later than the
+// database's clock, and a lease by the database's clock alone would end
+// before them (a Postgres store sharing the archive would then prove such a
+// key never archived, and skip the lookup of its late retry).
+func TestRedisLeaseCoversItsOwnClock(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	client, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	s := NewRedis(client, db.Pool, prefix)
+	s.now = func() time.Time { return time.Now().Add(time.Hour) }
+	req := idempotency.Registering{Key: "idem:v1:fast-clock", Fingerprint: dbtest.Fingerprint("a"), TTL: time.Minute, ClockSkew: time.Minute}
+	_, err := s.Register(ctx, req)
+	require.NoError(t, err)
+	require.WithinDuration(t, s.now().Add(leaseFor), usedUntil(t, db, time.Minute), time.Minute)
+}
+
+// A frozen process (a Lambda execution environment between invocations)
+// may not see the pause on its monotonic clock: the wall clock renews its
+// lease too, and a wall clock that stepped back renews it as well.
+func TestRedisLeaseRenewsByTheWallClock(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	client, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	s := NewRedis(client, db.Pool, prefix)
+	req := idempotency.Registering{Key: "idem:v1:frozen-1", Fingerprint: dbtest.Fingerprint("a"), TTL: time.Minute, ClockSkew: time.Minute}
+	_, err := s.Register(ctx, req)
+	require.NoError(t, err)
+	first := usedUntil(t, db, time.Minute)
+
+	// Within renewAfter by both clocks: no renewal.
+	req.Key = "idem:v1:frozen-2"
+	_, err = s.Register(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, first, usedUntil(t, db, time.Minute))
+
+	// The wall clock moved 5 minutes (the monotonic one barely): renewed,
+	// reaching leaseFor past the wall clock.
+	s.now = func() time.Time { return time.Now().Add(5 * time.Minute) }
+	req.Key = "idem:v1:frozen-3"
+	_, err = s.Register(ctx, req)
+	require.NoError(t, err)
+	renewed := usedUntil(t, db, time.Minute)
+	require.WithinDuration(t, s.now().Add(leaseFor), renewed, time.Minute)
+
+	// The wall clock stepped back: renewed again (used_until never moves
+	// earlier, so the record still covers the later clock).
+	l := lease{ttlMS: 0, skewMS: time.Minute.Milliseconds()}
+	s.leases.mu.Lock()
+	before := s.leases.renewed[l]
+	s.leases.mu.Unlock()
+	s.now = func() time.Time { return time.Now().Add(-time.Hour) }
+	req.Key = "idem:v1:frozen-4"
+	_, err = s.Register(ctx, req)
+	require.NoError(t, err)
+	s.leases.mu.Lock()
+	after := s.leases.renewed[l]
+	s.leases.mu.Unlock()
+	require.True(t, after.local.After(before.local), "a wall clock that stepped back renews the lease")
+	require.Equal(t, renewed, usedUntil(t, db, time.Minute))
+}
