@@ -466,6 +466,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.existing(w, r, scoped, reg.Entry, fp)
 		return
 	}
+	if ctx.Err() != nil {
+		// The request ended while it registered (a store waits for the
+		// outcome of a registration it has sent, so that it is never left
+		// behind unreleased): nobody is waiting for this answer, and the
+		// handler must not start for it.
+		m.release(ctx, scoped, fp, token)
+		m.retryAfter(w)
+		m.problem(w, r, http.StatusServiceUnavailable, "idempotency_store_unavailable", "the request ended while its key was registered; retry", nil)
+		return
+	}
 
 	if m.cfg.Archive != nil && reg.MayBeArchived {
 		rec, err := m.lookup(ctx, scoped, fp)

@@ -169,9 +169,36 @@ var (
 	pgRegisterUntokenedSQL = fmt.Sprintf(pgRegisterTemplate, "", "")
 )
 
+// Register bounds: the registration statement runs under a server-side
+// statement timeout of registerTimeout, and its caller waits up to
+// registerWait for the server's answer, whatever the request's context says.
+//
+// Why (the invariant): every registration is released by its token when its
+// request cannot go on, and a release finds only a row that has committed.
+// The insert can wait on a row lock (a sweep batch holding the key's expired
+// row) and commits by itself when the wait ends. Were the wait cut short on
+// the client (the client went away, the request's deadline passed), pgx
+// would close the connection at once, and the server, which notices a
+// closed connection only when it next writes to it, would commit the row
+// after the release had found nothing: an entry nobody releases, answered
+// 409 in flight for the whole window. Waiting for the server's answer, which
+// its own timeout guarantees within registerTimeout, makes the outcome
+// known before the request goes on, and a registration that landed is
+// released by the same token. Only a connection that stops answering for
+// registerWait (or a process killed mid-statement) can still leave one.
+const (
+	registerTimeout = 5 * time.Second
+	registerWait    = registerTimeout + 2*time.Second
+)
+
+// registerSettingsSQL is dateStyleSQL with the statement timeout of the
+// registration, both local to its implicit transaction.
+var registerSettingsSQL = fmt.Sprintf("SELECT set_config('DateStyle', 'ISO, YMD', true), set_config('statement_timeout', '%dms', true)", registerTimeout.Milliseconds())
+
 // Register inserts an in-flight row, or returns the existing one. The insert
 // and the read are separate statements: under READ COMMITTED the read then
 // sees a row that a concurrent request committed while the insert waited.
+// The insert is not cut short by ctx (see registerWait).
 func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (idempotency.Registration, error) {
 	if err := req.Validate(); err != nil {
 		return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
@@ -193,7 +220,7 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 		var err error
 		token := nonEmpty(req.Token)
 		if token != nil && p.tokens() {
-			err = p.queryRow(ctx, scan, pgRegisterSQL, append(args, token)...)
+			err = p.insert(ctx, scan, pgRegisterSQL, append(args, token)...)
 			if p.noTokenColumn(err) {
 				token = nil
 			}
@@ -201,7 +228,7 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 			token = nil
 		}
 		if token == nil {
-			err = p.queryRow(ctx, scan, pgRegisterUntokenedSQL, args...)
+			err = p.insert(ctx, scan, pgRegisterUntokenedSQL, args...)
 		}
 		if err != nil {
 			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
@@ -246,6 +273,18 @@ const dateStyleSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true)"
 func (p *Postgres) queryRow(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
 	b := &pgx.Batch{}
 	b.Queue(dateStyleSQL)
+	b.Queue(sql, args...).QueryRow(scan)
+	return p.pool.SendBatch(ctx, b).Close()
+}
+
+// insert runs a registration statement as queryRow does, under
+// registerTimeout on the server, and waits for its answer up to registerWait
+// even when ctx ends first (see registerWait).
+func (p *Postgres) insert(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), registerWait)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue(registerSettingsSQL)
 	b.Queue(sql, args...).QueryRow(scan)
 	return p.pool.SendBatch(ctx, b).Close()
 }
