@@ -44,6 +44,16 @@ func TestRedisExpiriesDoNotDependOnTheServersClock(t *testing.T) {
 	}
 }
 
+// newRedisStore returns a Redis store over a schema of its own (partitioned
+// for this month) and a Redis prefix of its own.
+func newRedisStore(t *testing.T) (*Redis, *dbtest.DB) {
+	t.Helper()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	client, prefix := testenv.Redis(t)
+	return NewRedis(client, db.Pool, prefix), db
+}
+
 // usedUntil reads the lease the Redis store records (TTL 0) for skew.
 func usedUntil(t *testing.T, db *dbtest.DB, skew time.Duration) time.Time {
 	t.Helper()
@@ -61,11 +71,8 @@ func usedUntil(t *testing.T, db *dbtest.DB, skew time.Duration) time.Time {
 // key never archived, and skip the lookup of its late retry).
 func TestRedisLeaseCoversItsOwnClock(t *testing.T) {
 	t.Parallel()
-	db := dbtest.New(t)
-	db.Partition(t, 0)
-	client, prefix := testenv.Redis(t)
+	s, db := newRedisStore(t)
 	ctx := context.Background()
-	s := NewRedis(client, db.Pool, prefix)
 	s.now = func() time.Time { return time.Now().Add(time.Hour) }
 	req := idempotency.Registering{Key: "idem:v1:fast-clock", Fingerprint: dbtest.Fingerprint("a"), TTL: time.Minute, ClockSkew: time.Minute}
 	_, err := s.Register(ctx, req)
@@ -78,11 +85,8 @@ func TestRedisLeaseCoversItsOwnClock(t *testing.T) {
 // lease too, and a wall clock that stepped back renews it as well.
 func TestRedisLeaseRenewsByTheWallClock(t *testing.T) {
 	t.Parallel()
-	db := dbtest.New(t)
-	db.Partition(t, 0)
-	client, prefix := testenv.Redis(t)
+	s, db := newRedisStore(t)
 	ctx := context.Background()
-	s := NewRedis(client, db.Pool, prefix)
 	req := idempotency.Registering{Key: "idem:v1:frozen-1", Fingerprint: dbtest.Fingerprint("a"), TTL: time.Minute, ClockSkew: time.Minute}
 	_, err := s.Register(ctx, req)
 	require.NoError(t, err)
