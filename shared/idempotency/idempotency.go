@@ -126,6 +126,10 @@ type Completion struct {
 	Body        []byte
 	ContentType string
 	ResourceID  *string
+	// CreatedAt and ExpiresAt are the registration's times
+	// (Registration.Entry): a store that archives at completion archives
+	// the outcome with them even when its live entry was lost meanwhile.
+	CreatedAt, ExpiresAt time.Time
 }
 
 // Registering is a request to register a key.
@@ -519,9 +523,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		switch {
 		case m.cfg.KeepServerErrors && !rec.wroteHeader:
 			rec.WriteHeader(http.StatusInternalServerError)
-			m.complete(ctx, scoped, fp, token, rec.cutShort(m.path))
+			m.complete(ctx, scoped, fp, token, reg.Entry, rec.cutShort(m.path))
 		case rec.wroteHeader && (m.cfg.KeepServerErrors || !rec.releases()):
-			m.complete(ctx, scoped, fp, token, rec.cutShort(m.path))
+			m.complete(ctx, scoped, fp, token, reg.Entry, rec.cutShort(m.path))
 		default:
 			m.release(ctx, scoped, fp, token)
 		}
@@ -535,7 +539,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if rec.releases() && !m.cfg.KeepServerErrors {
 		m.release(ctx, scoped, fp, token)
 	} else {
-		m.complete(ctx, scoped, fp, token, rec)
+		m.complete(ctx, scoped, fp, token, reg.Entry, rec)
 	}
 	for k, v := range rec.header {
 		w.Header()[k] = v
@@ -550,8 +554,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // request did. Retrying is safe: Complete matches the in-flight entry of
 // this fingerprint, so once one attempt has landed the next finds none
 // (ErrNotInFlight), and stops.
-func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []byte, rec *recorder) {
-	c := Completion{Fingerprint: fp, Token: token, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path)}
+func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []byte, reg Entry, rec *recorder) {
+	c := Completion{Fingerprint: fp, Token: token, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path),
+		CreatedAt: reg.CreatedAt, ExpiresAt: reg.ExpiresAt}
 	if rec.resourceID != nil {
 		c.ResourceID = *rec.resourceID
 	}

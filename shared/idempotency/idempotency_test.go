@@ -596,6 +596,29 @@ func TestTheFingerprintCoversTheQueryString(t *testing.T) {
 	require.Equal(t, plain[:], idempotency.Fingerprint("POST", idempotency.RequestTarget(u), []byte(`{}`)), "no query: hashed as before")
 }
 
+// loseRedisHash deletes key's Redis hash, as an eviction, a restart or a
+// failover to a replica that had not received it would.
+func loseRedisHash(t *testing.T, b bundle, key string) {
+	t.Helper()
+	keys, err := b.redis.Keys(context.Background(), "*"+key).Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	require.NoError(t, b.redis.Del(context.Background(), keys...).Err())
+}
+
+// requireResponseLost asserts that a retry was answered from the archive
+// inside its window: the original 201 and its resource id, the response
+// itself gone. It returns the problem.
+func requireResponseLost(t *testing.T, retry *httptest.ResponseRecorder) map[string]any {
+	t.Helper()
+	require.Equal(t, http.StatusConflict, retry.Code, retry.Body.String())
+	p := problemOf(t, retry)
+	require.Equal(t, "idempotency_key_response_unavailable", p["code"], "the key has not expired")
+	require.EqualValues(t, 201, p["original_status"])
+	require.NotEmpty(t, p["resource_id"])
+	return p
+}
+
 // A Redis hash lost inside its window (failover, restart, eviction): the
 // archive row written at completion is the only record, so the retry is
 // looked up whatever the key's timestamp says, never run again, and told the
@@ -607,22 +630,42 @@ func TestALostRedisHashIsNeverRunAgain(t *testing.T) {
 	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
 	for _, key := range []string{mintKey(ulidKey, time.Now()), "plain-key"} {
 		require.Equal(t, 201, post(srv, key, `{}`).Code)
-		keys, err := b.redis.Keys(context.Background(), "*"+key).Result()
-		require.NoError(t, err)
-		require.Len(t, keys, 1)
-		require.NoError(t, b.redis.Del(context.Background(), keys...).Err())
+		loseRedisHash(t, b, key)
 
-		retry := post(srv, key, `{}`)
-		require.Equal(t, http.StatusConflict, retry.Code, retry.Body.String())
-		p := problemOf(t, retry)
-		require.Equal(t, "idempotency_key_response_unavailable", p["code"], "the key has not expired")
-		require.EqualValues(t, 201, p["original_status"])
-		require.NotEmpty(t, p["resource_id"])
+		p := requireResponseLost(t, post(srv, key, `{}`))
 		expires, err := time.Parse(time.RFC3339, p["expires_at"].(string))
 		require.NoError(t, err)
 		require.True(t, expires.After(time.Now()))
 	}
 	require.EqualValues(t, 2, h.calls.Load(), "each key ran once")
+}
+
+// A Redis hash lost while its request is still running: the request
+// completes with no hash to mark, so the store archives its outcome from the
+// registration's times, and a retry is answered from the archive, never run
+// again.
+func TestARedisHashLostInFlightIsNeverRunAgain(t *testing.T) {
+	t.Parallel()
+	// GIVEN a request whose hash is lost while its handler runs
+	b := setup(t, rds)
+	h := &charges{block: make(chan struct{}), started: make(chan struct{}, 1)}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
+	key := mintKey(uuidv7Key, time.Now())
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- post(srv, key, `{}`) }()
+	<-h.started
+	loseRedisHash(t, b, key)
+	close(h.block)
+	first := <-done
+	require.Equal(t, http.StatusCreated, first.Code)
+
+	// WHEN its client, which never saw the answer, retries
+	h.started = nil
+	retry := post(srv, key, `{}`)
+
+	// THEN the retry is the archived outcome, and the handler ran once
+	requireResponseLost(t, retry)
+	require.EqualValues(t, 1, h.calls.Load(), "the completed request ran again")
 }
 
 func TestTheTenantChoiceIsExplicit(t *testing.T) {

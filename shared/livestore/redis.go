@@ -32,8 +32,10 @@ import (
 // Because a key's archive row exists from completion on, a lost hash (a
 // failover, a restart, an eviction) leaves the archive as the only record of
 // it, however fresh the key: every fresh key is looked up
-// (Registration.MayBeArchived is always true), and a hash lost while its
-// request was still in flight cannot be protected. A key whose timestamp lies
+// (Registration.MayBeArchived is always true). A hash lost while its request
+// is still in flight leaves nothing until the request completes, which then
+// archives its outcome from the registration's times (completeLost): a retry
+// before that runs again. A key whose timestamp lies
 // more than the skew ahead of this process's clock is refused before
 // anything is written, so the archive's pruning bound holds for its rows too
 // (their created_at is this process's clock at registration).
@@ -193,8 +195,11 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	if err != nil {
 		return fmt.Errorf("complete idempotency key: %w", err)
 	}
+	if len(h) == 0 {
+		return s.completeLost(ctx, key, c)
+	}
 	e := entryFromHash(h)
-	if len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) || h["reg"] != string(c.Token) {
+	if e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) || h["reg"] != string(c.Token) {
 		return ErrNotInFlight
 	}
 	_, archiveErr := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt)
@@ -222,6 +227,25 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 		return ErrNotInFlight
 	}
 	return nil
+}
+
+// completeLost records the outcome of a request whose hash is gone (evicted,
+// flushed, a failover to a replica that had not received it, or expired
+// after a request that outlived its window by inFlightGrace): the operation
+// ran, so its archive row is written from the registration's times, and a
+// retry, which finds no hash either, is answered from the archive (a
+// completion-archiving store's fresh keys are always looked up) instead of
+// running again. Writing the row twice is harmless (ON CONFLICT DO NOTHING:
+// the same key and expiry). It reports ErrNotInFlight, the live entry being
+// gone, once the row is written.
+func (s *Redis) completeLost(ctx context.Context, key string, c idempotency.Completion) error {
+	if c.ExpiresAt.IsZero() {
+		return ErrNotInFlight // a caller that did not say when it registered
+	}
+	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, c.CreatedAt, c.ExpiresAt); err != nil {
+		return fmt.Errorf("archive idempotency key at completion, its Redis entry lost: %w", err)
+	}
+	return fmt.Errorf("%w: its Redis entry was lost before completion; the outcome is archived, and retries are answered from the archive", ErrNotInFlight)
 }
 
 // Release deletes the in-flight hash this request registered (its
