@@ -309,6 +309,7 @@ func SQLState(err error) string {
 // SQLSTATE codes this module reacts to.
 const (
 	CodeCheckViolation        = "23514" // also raised for "no partition of relation found for row"
+	CodeDeadlockDetected      = "40P01"
 	CodeInsufficientPrivilege = "42501"
 	CodeInvalidPassword       = "28P01" // password authentication failed
 	CodeLockNotAvailable      = "55P03" // lock_timeout expired

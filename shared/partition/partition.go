@@ -875,7 +875,30 @@ func pendingStatement(tbl table, part, lo, hi string) string {
 		tbl.sibling("idempotency_archive_plain_keys_pending"), bound(lo, "-infinity"), bound(hi, "infinity"), part)
 }
 
+// finalizeAttempts bounds the tries of a DETACH ... FINALIZE that PostgreSQL
+// chose as a deadlock's victim. The statement waits for every older snapshot
+// in the database, so it can deadlock with another statement that waits for
+// snapshots too (CREATE INDEX or REINDEX CONCURRENTLY, another DETACH
+// CONCURRENTLY, on any table of the database). A victim is rolled back and
+// the detach stays pending, so trying again is safe; the other statement has
+// gone on meanwhile.
+const finalizeAttempts = 3
+
 func (m *Manager) execute(ctx context.Context, conn *pgx.Conn, s step) error {
+	for attempt := 1; ; attempt++ {
+		err := m.executeOnce(ctx, conn, s)
+		if !s.finalizes || attempt == finalizeAttempts || database.SQLState(err) != database.CodeDeadlockDetected {
+			return err
+		}
+		select {
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+func (m *Manager) executeOnce(ctx context.Context, conn *pgx.Conn, s step) error {
 	lockTimeout := m.cfg.LockTimeout
 	if s.finalizes {
 		// DETACH ... FINALIZE first waits for every older snapshot in the

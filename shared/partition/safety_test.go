@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
@@ -462,4 +463,52 @@ func TestRetirementFollowsTheEarlierClock(t *testing.T) {
 	res, err = m.Run(ctx, false)
 	require.NoError(t, err)
 	require.NotEmpty(t, res.Retired)
+}
+
+// DETACH ... FINALIZE waits for every older snapshot in the database, so it
+// can deadlock with a transaction that holds a snapshot and then waits for
+// the archive's lock. PostgreSQL aborts one of them; when it is the
+// finalize, the manager tries again, the detach still pending, and the run
+// completes instead of failing.
+func TestAFinalizeChosenAsADeadlockVictimIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	// GIVEN a month whose detach was interrupted
+	db := dbtest.New(t)
+	ctx := context.Background()
+	rows := archived(t, db, month(2026, time.March), month(2026, time.May))
+	name := partition.Name(month(2026, time.April))
+	interruptDetach(t, db, name)
+
+	// AND a transaction holding a snapshot, which the finalize waits for
+	other, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer other.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = other.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+
+	// WHEN the manager finalizes, and that transaction then waits for the
+	// archive's lock, which the finalize holds: a deadlock, whose victim is
+	// the finalize, the first to wait
+	type outcome struct {
+		res partition.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := newManager(t, db.Pool, partition.Config{Now: at(decNow)}).Run(ctx, false)
+		done <- outcome{res, err}
+	}()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FINALIZE%'") > 0
+	}, 10*time.Second, 5*time.Millisecond, "the finalize waits for the snapshot")
+	_, err = other.Exec(ctx, "LOCK TABLE idempotency_key_archive IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err, "the finalize, not this transaction, is the deadlock's victim")
+	require.NoError(t, other.Commit(ctx))
+
+	// THEN the run tried the finalize again and completed it
+	got := <-done
+	require.NoError(t, got.err)
+	require.Equal(t, []string{name}, got.res.Finalized)
+	require.Equal(t, []string{name}, got.res.Reattached)
+	require.Equal(t, rows, rowsThroughTheParent(t, db))
 }
