@@ -483,7 +483,11 @@ func TestAFinalizeChosenAsADeadlockVictimIsTriedAgain(t *testing.T) {
 	other, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
 	defer other.Rollback(ctx) //nolint:errcheck // committed below
-	_, err = other.Exec(ctx, "SELECT 1")
+	var vxid string
+	require.NoError(t, other.QueryRow(ctx, "SELECT virtualtransaction FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'virtualxid'").Scan(&vxid))
+	// Only the finalize looks for the deadlock within the test: PostgreSQL
+	// checks once per wait, deadlock_timeout after it began.
+	_, err = other.Exec(ctx, "SET LOCAL deadlock_timeout = '30s'")
 	require.NoError(t, err)
 
 	// WHEN the manager finalizes, and that transaction then waits for the
@@ -498,9 +502,12 @@ func TestAFinalizeChosenAsADeadlockVictimIsTriedAgain(t *testing.T) {
 		res, err := newManager(t, db.Pool, partition.Config{Now: at(decNow)}).Run(ctx, false)
 		done <- outcome{res, err}
 	}()
+	// The finalize waits for every older snapshot in turn (other tests'
+	// too): act the moment it waits for this one, well within its
+	// deadlock_timeout.
 	require.Eventually(t, func() bool {
-		return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FINALIZE%'") > 0
-	}, 10*time.Second, 5*time.Millisecond, "the finalize waits for the snapshot")
+		return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = $1 AND NOT granted", vxid) > 0
+	}, 30*time.Second, time.Millisecond, "the finalize waits for the snapshot")
 	_, err = other.Exec(ctx, "LOCK TABLE idempotency_key_archive IN ACCESS EXCLUSIVE MODE")
 	require.NoError(t, err, "the finalize, not this transaction, is the deadlock's victim")
 	require.NoError(t, other.Commit(ctx))

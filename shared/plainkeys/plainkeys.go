@@ -34,9 +34,33 @@ import (
 	"github.com/idemarchive/idemarchive/shared/database"
 )
 
-// DefaultBatch is the number of archive rows one statement of Index reads, and
-// of records one statement of Prune deletes.
+// DefaultBatch is the most archive rows one statement of Index reads, and
+// records one statement of Prune deletes.
 const DefaultBatch = 20_000
+
+// firstBatch is the size of a run's first batch: each batch that completes
+// doubles the next, up to the batch asked for. Starting small, a run whose
+// budget is shorter than one full batch still records rows (with a fixed
+// batch it would time out on the same batch every run, and the pending
+// range, which makes every lookup of a key without a timestamp read every
+// partition, would never go).
+const firstBatch = 500
+
+// outOfTime reports an error that means the statement used up the budget
+// that ends at deadline: its statement or lock timeout (both end there when
+// nothing shorter is set), or the context's backstop a second later. What a
+// run has not finished by its deadline, the next run resumes, so this is not
+// a failure.
+func outOfTime(err error, deadline time.Time) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch database.SQLState(err) {
+	case database.CodeQueryCanceled, database.CodeLockNotAvailable:
+		return time.Until(deadline) < 50*time.Millisecond
+	}
+	return false
+}
 
 // Progress says what Index did.
 type Progress struct {
@@ -120,13 +144,16 @@ func (l Limits) inTx(ctx context.Context, conn *pgx.Conn, deadline time.Time, fn
 }
 
 // Index records the rows of pending ranges until none is left or deadline
-// passes (checked between batches, and each batch's statements end by it).
-// Each batch is its own transaction, so an interruption loses at most one
-// batch's work and repeats it harmlessly.
+// passes (checked between batches, and each batch's statements end by it):
+// a batch cut short by the deadline is rolled back and the next run does it,
+// without an error. Each batch is its own transaction, so an interruption
+// loses at most one batch's work and repeats it harmlessly. Batches start at
+// firstBatch rows and double up to batch.
 func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline time.Time) (p Progress, err error) {
 	if batch < 1 {
 		return p, fmt.Errorf("plain keys: batch must be positive, got %d", batch)
 	}
+	size := min(batch, firstBatch)
 	defer func() {
 		if err != nil && ctx.Err() == nil {
 			// Still say how many ranges wait, if the database answers.
@@ -145,6 +172,9 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 		if errors.Is(err, pgx.ErrNoRows) {
 			return p, nil
 		}
+		if outOfTime(err, deadline) && ctx.Err() == nil {
+			return p, p.countLeft(ctx, conn, l)
+		}
 		if err != nil {
 			return p, fmt.Errorf("plain keys: read pending ranges: %w", err)
 		}
@@ -156,24 +186,28 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 			if to.InfinityModifier == pgtype.Infinity {
 				sql = indexToInfinitySQL
 			}
-			if err := tx.QueryRow(ctx, sql, from, to, afterKey, afterExpiry, batch).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
+			if err := tx.QueryRow(ctx, sql, from, to, afterKey, afterExpiry, size).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
 				return err
 			}
-			if scanned < int64(batch) {
+			if scanned < int64(size) {
 				_, err := tx.Exec(ctx, finishSQL, from, to)
 				return err
 			}
 			_, err := tx.Exec(ctx, advanceSQL, from, to, *lastKey, lastExpiry)
 			return err
 		})
+		if outOfTime(err, deadline) && ctx.Err() == nil {
+			return p, p.countLeft(ctx, conn, l)
+		}
 		if err != nil {
 			return p, fmt.Errorf("plain keys: index the range %s to %s: %w", format(from), format(to), err)
 		}
 		p.Scanned += scanned
 		p.Recorded += recorded
-		if scanned < int64(batch) {
+		if scanned < int64(size) {
 			p.RangesDone++
 		}
+		size = min(batch, 2*size)
 	}
 }
 
@@ -222,28 +256,34 @@ DELETE FROM idempotency_archive_plain_keys
                           WHERE expired_at < oldest.bound LIMIT $1))`
 
 // Prune deletes the records of months before the oldest partition, in
-// batches, until none is left or deadline passes; it returns how many it
-// deleted. With no partition at all it deletes nothing: there is then no way
+// batches (growing as Index's do), until none is left or deadline passes
+// (a batch cut short by it is rolled back, without an error); it returns how
+// many it deleted. With no partition at all it deletes nothing: there is then no way
 // to tell retired months from months not created yet.
 func Prune(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline time.Time) (int64, error) {
 	if batch < 1 {
 		return 0, fmt.Errorf("plain keys: batch must be positive, got %d", batch)
 	}
 	var deleted int64
+	size := min(batch, firstBatch)
 	for time.Until(deadline) >= time.Millisecond {
 		var tag pgconn.CommandTag
 		err := l.inTx(ctx, conn, deadline, func(tx pgx.Tx) error {
 			var err error
-			tag, err = tx.Exec(ctx, pruneSQL, batch)
+			tag, err = tx.Exec(ctx, pruneSQL, size)
 			return err
 		})
+		if outOfTime(err, deadline) && ctx.Err() == nil {
+			break
+		}
 		if err != nil {
 			return deleted, fmt.Errorf("plain keys: delete records of retired months: %w", err)
 		}
 		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
+		if tag.RowsAffected() < int64(size) {
 			break
 		}
+		size = min(batch, 2*size)
 	}
 	return deleted, nil
 }

@@ -219,3 +219,44 @@ func TestIndexWaitsForALockAtMostItsTimeout(t *testing.T) {
 	require.Less(t, time.Since(start), 30*time.Second)
 	require.Equal(t, 1, p.RangesLeft, "a failed run still says what waits")
 }
+
+// A backfill longer than a run's budget is not a failure: a run whose
+// budget runs out mid-batch stops without an error (the batch is rolled
+// back and done again next run), and batches start small and grow, so a run
+// whose budget is shorter than one full batch still records rows. With a
+// fixed batch that outlasted the budget, every run would fail on the same
+// batch, and the pending range (every lookup of a key without a timestamp
+// reads every partition while it lasts) would never go.
+func TestABackfillLongerThanItsBudgetResumesWithoutFailing(t *testing.T) {
+	t.Parallel()
+	// GIVEN 100,000 archive rows of keys without a timestamp, none recorded
+	db := dbtest.New(t)
+	db.Partition(t, 1)
+	ctx := context.Background()
+	const rows = 100_000
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		SELECT 'idem:v1:plain-' || g, '\x00', 201, $1::timestamptz, $1::timestamptz + g * interval '1 millisecond'
+		  FROM generate_series(1, $2::int) g`, month, rows)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `TRUNCATE idempotency_archive_plain_keys;
+		INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ('-infinity', 'infinity')`)
+	require.NoError(t, err)
+
+	// WHEN partition runs with a budget of 150 ms each run until the range is done
+	m, err := partition.NewManager(db.Pool, partition.Config{StatementTimeout: 150 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	var runs int
+	for left := 1; left > 0; runs++ {
+		require.Less(t, runs, 200, "the backfill does not finish")
+		res, err := m.Run(ctx, false)
+
+		// THEN no run fails, and every run records rows
+		require.NoError(t, err, "run %d", runs)
+		require.Positive(t, res.PlainKeys.Scanned, "run %d recorded nothing", runs)
+		left = res.PlainKeys.RangesLeft
+	}
+	require.EqualValues(t, rows, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+	t.Logf("%d runs", runs)
+}
