@@ -635,8 +635,8 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 	// dropped; inside, attached again with their rows.
 	for _, name := range orphans {
 		month, err := time.Parse("2006_01", strings.TrimPrefix(name, ArchiveTable+"_"))
-		if err != nil {
-			continue
+		if err != nil || month.Year() < 1 {
+			continue // not a month: PostgreSQL has no year 0
 		}
 		if expired(month.AddDate(0, 1, 0)) && retire(name, month.AddDate(0, 1, 0), fmt.Sprintf("DROP TABLE IF EXISTS %s", tbl.sibling(name))) {
 			continue
@@ -1061,10 +1061,14 @@ var boundRE = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'[^']*')\) TO \((
 
 // parseBound parses "FOR VALUES FROM ('2026-09-01 00:00:00+00') TO (...)" as
 // printed under TimeZone UTC, with fractional seconds where a bound has them.
-// MINVALUE and MAXVALUE come back as zero times.
+// MINVALUE and '-infinity' below, MAXVALUE and 'infinity' above, come back as
+// zero times (unbounded). An infinity on the other side ('infinity' below,
+// '-infinity' above: a partition of the single value infinity, or of none)
+// is not a bound this package reads, rather than one read as unbounded, which
+// would make the partition seem to cover, and overlap, every month.
 func parseBound(s string) (from, to time.Time, err error) {
 	m := boundRE.FindStringSubmatch(s)
-	if m == nil {
+	if m == nil || m[1] == "'infinity'" || m[2] == "'-infinity'" {
 		return from, to, fmt.Errorf("unexpected partition bound %q", s)
 	}
 	if from, err = parseTimestamp(m[1]); err != nil {

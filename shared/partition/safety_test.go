@@ -519,3 +519,35 @@ func TestAFinalizeChosenAsADeadlockVictimIsTriedAgain(t *testing.T) {
 	require.Equal(t, []string{name}, got.res.Reattached)
 	require.Equal(t, rows, rowsThroughTheParent(t, db))
 }
+
+// An infinity on the wrong side of a hand-made partition's bounds (a
+// partition of the single value infinity, or of none) is a bound the manager
+// does not read, not an unbounded one: it covers no month, and every month
+// is still created around it. A stray table named for year 0 (no such year
+// in PostgreSQL) is not a month either, and fails no run.
+func TestOddBoundsAndNamesMadeByHandLeaveTheMonthsManaged(t *testing.T) {
+	t.Parallel()
+	for _, bound := range []string{"FOR VALUES FROM ('infinity') TO (MAXVALUE)", "FOR VALUES FROM (MINVALUE) TO ('-infinity')"} {
+		t.Run(bound, func(t *testing.T) {
+			t.Parallel()
+			db := dbtest.New(t)
+			ctx := context.Background()
+			_, err := db.Pool.Exec(ctx, "CREATE TABLE odd_by_hand PARTITION OF idempotency_key_archive "+bound)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, "CREATE TABLE idempotency_key_archive_0000_01 (LIKE idempotency_key_archive)")
+			require.NoError(t, err)
+
+			parts, err := partition.List(ctx, db.Pool)
+			require.NoError(t, err)
+			require.False(t, partition.Covers(parts, month(2026, time.December)))
+			for range 2 {
+				res, err := newManager(t, db.Pool, partition.Config{Now: at(decNow)}).Run(ctx, false)
+				require.NoError(t, err)
+				require.Empty(t, res.Failed)
+			}
+			parts, err = partition.List(ctx, db.Pool)
+			require.NoError(t, err)
+			require.True(t, partition.Covers(parts, month(2026, time.December)))
+		})
+	}
+}

@@ -249,6 +249,7 @@ WITH bounds AS (
      WHERE c.relnamespace = current_schema()::regnamespace
        AND c.relkind = 'r'
        AND c.relname ~ '^idempotency_key_archive_[0-9]{4}_(0[1-9]|1[0-2])$'
+       AND substr(c.relname, 25, 4) <> '0000' -- no year 0 in PostgreSQL
 ),
 oldest AS (SELECT min(lower_bound) AS bound FROM bounds)
 DELETE FROM idempotency_archive_plain_keys
