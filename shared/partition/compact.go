@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -344,6 +345,12 @@ func (m *Manager) compact(ctx context.Context, conn *pgx.Conn, tbl table, pk pkI
 	// deadline; what it cannot finish, the next run does.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), compactMargin)
 	defer cancel()
+	if swapped, serr := m.finishSwapped(cctx, conn, tbl, pk, stmts[2]); serr != nil || swapped {
+		// REINDEX stopped after it had swapped the rebuilt index in (its
+		// last wait, for the old index's users, ran out): the primary key
+		// is compacted, and only the old index is left to drop.
+		return false, serr
+	}
 	if cerr := m.cleanUp(cctx, conn, tbl, pk, timedOut, budget); cerr != nil {
 		err = fmt.Errorf("%w (and the cleanup: %w; the next run drops what is left)", err, cerr)
 	}
@@ -351,6 +358,39 @@ func (m *Manager) compact(ctx context.Context, conn *pgx.Conn, tbl table, pk pkI
 		err = fmt.Errorf("%w: the rebuild had %s; later runs skip it until they have longer", err, budget)
 	}
 	return timedOut, err
+}
+
+// oldIndexRE matches the name REINDEX ... CONCURRENTLY gives the index it
+// replaced, once it has swapped the new one in.
+var oldIndexRE = regexp.MustCompile(`_ccold[0-9]*$`)
+
+// finishSwapped completes a rebuild of pk that stopped after its swap: the
+// index under pk's name is then the one REINDEX built, and the old one is an
+// invalid <pk>_ccold. It drops the old index (a failure is left to the next
+// run, which drops every leftover first) and marks pk compacted with mark;
+// swapped says whether the rebuild had got that far. A rebuild stopped
+// before its swap leaves <pk>_ccnew instead, and the old index in place.
+func (m *Manager) finishSwapped(ctx context.Context, conn *pgx.Conn, tbl table, pk pkIndex, mark string) (swapped bool, err error) {
+	leftovers, err := listLeftovers(ctx, conn, tbl, pk.partition)
+	if err != nil {
+		return false, err
+	}
+	for _, l := range leftovers {
+		swapped = swapped || oldIndexRE.MatchString(l.index)
+	}
+	if !swapped {
+		return false, nil
+	}
+	for _, l := range leftovers {
+		_ = m.dropIndex(ctx, conn, tbl, l.index, compactMargin/2)
+	}
+	if err := database.InTx(ctx, conn, database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout), func(tx pgx.Tx) error {
+		return execTraced(ctx, tx, mark)
+	}); err != nil {
+		// The index is rebuilt; the next run rebuilds it again.
+		return true, fmt.Errorf("%s: %w", mark, err)
+	}
+	return true, nil
 }
 
 // cleanUp drops the indexes a failed rebuild of pk left and resets its

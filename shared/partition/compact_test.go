@@ -445,3 +445,48 @@ func TestAPartitionInAnotherSchemaIsLeftAlone(t *testing.T) {
 	require.EqualValues(t, 1, m, "not the manager's to drop")
 	require.EqualValues(t, 1, n, "the manager dropped a valid index of another table")
 }
+
+// A rebuild whose time runs out after it swapped the new index in (its last
+// wait, for the old index's users, outlasts the statement timeout) has
+// compacted the primary key: the run drops the old index, marks the month
+// compacted and does not rebuild it again, rather than marking the rebuilt
+// index as a rebuild that timed out.
+func TestARebuildThatTimedOutAfterItsSwapIsCompacted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _, name, before := october(t)
+
+	// GIVEN a transaction that used the partition's indexes (planning locks
+	// them all) and stays open past the rebuild's 2 s
+	reader, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = reader.Exec(ctx, "SELECT 1 FROM "+name+" LIMIT 1")
+	require.NoError(t, err)
+	released := make(chan struct{})
+	go func() {
+		time.Sleep(5 * time.Second)
+		_ = reader.Rollback(ctx)
+		close(released)
+	}()
+
+	// WHEN the month is compacted with a 2 s statement timeout
+	cfg := partition.Config{StatementTimeout: 2 * time.Second}
+	res, err := compacting(t, db, cfg).Run(ctx, false)
+
+	// THEN the rebuilt index is in place, marked compacted, built with
+	// fillfactor 100, and the month is not pending
+	require.NoError(t, err)
+	require.Equal(t, []string{name}, res.Compacted)
+	after := pkOf(t, db, name)
+	require.NotEqual(t, before.OID, after.OID, "the index was not rebuilt")
+	require.Less(t, after.Bytes, before.Bytes)
+	require.Equal(t, "fillfactor=100", after.Reloptions)
+	require.NotContains(t, after.Comment, "timed out")
+	<-released
+	res, err = compacting(t, db, cfg).Run(ctx, false)
+	require.NoError(t, err)
+	require.Empty(t, res.CompactPending)
+	require.Empty(t, res.Compacted, "compacted again")
+	require.Zero(t, invalidIndexes(t, db), "the old index is left")
+	require.EqualValues(t, 5_000, dbtest.Count(t, db.Pool, "SELECT count(*) FROM "+name))
+}
