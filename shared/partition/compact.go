@@ -326,6 +326,12 @@ func (m *Manager) compact(ctx context.Context, conn *pgx.Conn, tbl table, pk pkI
 	if err := database.InTx(ctx, conn, ddl, func(tx pgx.Tx) error { return execTraced(ctx, tx, stmts[0]) }); err != nil {
 		return false, fmt.Errorf("%s: %w", stmts[0], err)
 	}
+	// The index's OID before the rebuild: the swap gives pk's name to the
+	// index REINDEX built, so a changed OID says the swap happened.
+	var before uint32
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1)::oid", tbl.sibling(pk.index)).Scan(&before); err != nil {
+		return false, fmt.Errorf("read the primary key of %s: %w", pk.partition, err)
+	}
 	// REINDEX ... CONCURRENTLY waits for older transactions, a wait that
 	// lock_timeout would cut short; it blocks no reader or writer meanwhile.
 	start := time.Now()
@@ -345,7 +351,7 @@ func (m *Manager) compact(ctx context.Context, conn *pgx.Conn, tbl table, pk pkI
 	// deadline; what it cannot finish, the next run does.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), compactMargin)
 	defer cancel()
-	if swapped, serr := m.finishSwapped(cctx, conn, tbl, pk, stmts[2]); serr != nil || swapped {
+	if swapped, serr := m.finishSwapped(cctx, conn, tbl, pk, before, stmts[2]); serr != nil || swapped {
 		// REINDEX stopped after it had swapped the rebuilt index in (its
 		// last wait, for the old index's users, ran out): the primary key
 		// is compacted, and only the old index is left to drop.
@@ -365,24 +371,28 @@ func (m *Manager) compact(ctx context.Context, conn *pgx.Conn, tbl table, pk pkI
 var oldIndexRE = regexp.MustCompile(`_ccold[0-9]*$`)
 
 // finishSwapped completes a rebuild of pk that stopped after its swap: the
-// index under pk's name is then the one REINDEX built, and the old one is an
-// invalid <pk>_ccold. It drops the old index (a failure is left to the next
-// run, which drops every leftover first) and marks pk compacted with mark;
-// swapped says whether the rebuild had got that far. A rebuild stopped
-// before its swap leaves <pk>_ccnew instead, and the old index in place.
-func (m *Manager) finishSwapped(ctx context.Context, conn *pgx.Conn, tbl table, pk pkIndex, mark string) (swapped bool, err error) {
-	leftovers, err := listLeftovers(ctx, conn, tbl, pk.partition)
-	if err != nil {
-		return false, err
+// index under pk's name is then the one REINDEX built (its OID is no longer
+// before, the OID it had), and the old one an invalid <pk>_ccold. It drops
+// the old index (a failure is left to the next run, which drops every
+// leftover first) and marks pk compacted with mark; swapped says whether the
+// rebuild had got that far. A rebuild stopped before its swap leaves the old
+// index under pk's name, and an invalid <pk>_ccnew.
+func (m *Manager) finishSwapped(ctx context.Context, conn *pgx.Conn, tbl table, pk pkIndex, before uint32, mark string) (swapped bool, err error) {
+	var now uint32
+	if err := conn.QueryRow(ctx, "SELECT coalesce(to_regclass($1)::oid, 0)", tbl.sibling(pk.index)).Scan(&now); err != nil {
+		return false, fmt.Errorf("read the primary key of %s: %w", pk.partition, err)
 	}
-	for _, l := range leftovers {
-		swapped = swapped || oldIndexRE.MatchString(l.index)
-	}
-	if !swapped {
+	if now == 0 || now == before {
 		return false, nil
 	}
+	leftovers, err := listLeftovers(ctx, conn, tbl, pk.partition)
+	if err != nil {
+		return true, err
+	}
 	for _, l := range leftovers {
-		_ = m.dropIndex(ctx, conn, tbl, l.index, compactMargin/2)
+		if oldIndexRE.MatchString(l.index) {
+			_ = m.dropIndex(ctx, conn, tbl, l.index, compactMargin/2)
+		}
 	}
 	if err := database.InTx(ctx, conn, database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout), func(tx pgx.Tx) error {
 		return execTraced(ctx, tx, mark)
