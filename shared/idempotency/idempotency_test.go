@@ -668,6 +668,60 @@ func TestARedisHashLostInFlightIsNeverRunAgain(t *testing.T) {
 	require.EqualValues(t, 1, h.calls.Load(), "the completed request ran again")
 }
 
+// scripted is a handler whose n-th call (from 1) waits for gates[n], when
+// set, and answers statuses[n] (201 when unset) with the id ch_<n>; it says
+// on started which call began.
+type scripted struct {
+	calls    atomic.Int32
+	started  chan int
+	gates    map[int]chan struct{}
+	statuses map[int]int
+}
+
+func (s *scripted) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	n := int(s.calls.Add(1))
+	s.started <- n
+	if g := s.gates[n]; g != nil {
+		<-g
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(cmp.Or(s.statuses[n], http.StatusCreated))
+	fmt.Fprintf(w, `{"id":"ch_%d"}`, n)
+}
+
+// A request whose Redis hash was lost, and whose key another request
+// registered again meanwhile, still archives its outcome when it completes:
+// once that other request gives up (a 503 releases it), the next retry is
+// answered from the archive instead of charging a third time. (The other
+// request itself runs: while the first is in flight nothing records it.)
+func TestALostRedisHashReRegisteredMeanwhileStillArchivesTheOutcome(t *testing.T) {
+	t.Parallel()
+	// GIVEN request A in flight, its hash lost, and its retry B running
+	b := setup(t, rds)
+	h := &scripted{started: make(chan int, 10), gates: map[int]chan struct{}{1: make(chan struct{}), 2: make(chan struct{})}, statuses: map[int]int{2: http.StatusServiceUnavailable}}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
+	key := mintKey(uuidv7Key, time.Now())
+	aDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { aDone <- post(srv, key, `{}`) }()
+	require.Equal(t, 1, <-h.started)
+	loseRedisHash(t, b, key)
+	bDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { bDone <- post(srv, key, `{}`) }()
+	require.Equal(t, 2, <-h.started)
+
+	// WHEN A completes with 201, B fails with 503 (releasing its entry),
+	// and the client retries once more
+	close(h.gates[1])
+	require.Equal(t, http.StatusCreated, (<-aDone).Code)
+	close(h.gates[2])
+	require.Equal(t, http.StatusServiceUnavailable, (<-bDone).Code)
+	retry := post(srv, key, `{}`)
+
+	// THEN that retry is A's archived outcome, not a third run
+	requireResponseLost(t, retry)
+	require.EqualValues(t, 2, h.calls.Load(), "A's charge was not recorded: the retry ran again")
+}
+
 func TestTheTenantChoiceIsExplicit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pg)

@@ -195,12 +195,16 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	if err != nil {
 		return fmt.Errorf("complete idempotency key: %w", err)
 	}
-	if len(h) == 0 {
-		return s.completeLost(ctx, key, c)
-	}
 	e := entryFromHash(h)
-	if e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) || h["reg"] != string(c.Token) {
+	switch {
+	case len(h) > 0 && h["reg"] == string(c.Token) && len(c.Token) > 0 && e.State != idempotency.InFlight:
+		// This request's own entry, completed by an earlier attempt whose
+		// reply was lost.
 		return ErrNotInFlight
+	case len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) || h["reg"] != string(c.Token):
+		// Not this request's entry: it was lost, and maybe another request
+		// registered the key since. The operation ran all the same.
+		return s.completeLost(ctx, key, c)
 	}
 	_, archiveErr := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt)
 	// Without its archive row the key must never be forgotten, or a retry
@@ -231,13 +235,15 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 
 // completeLost records the outcome of a request whose hash is gone (evicted,
 // flushed, a failover to a replica that had not received it, or expired
-// after a request that outlived its window by inFlightGrace): the operation
-// ran, so its archive row is written from the registration's times, and a
-// retry, which finds no hash either, is answered from the archive (a
-// completion-archiving store's fresh keys are always looked up) instead of
-// running again. Writing the row twice is harmless (ON CONFLICT DO NOTHING:
-// the same key and expiry). It reports ErrNotInFlight, the live entry being
-// gone, once the row is written.
+// after a request that outlived its window by inFlightGrace), or was
+// replaced by another request's registration of the key since: the
+// operation ran, so its archive row is written from the registration's
+// times, and a retry that finds no hash, or finds the other registration
+// released, is answered from the archive (a completion-archiving store's
+// fresh keys are always looked up) instead of running again. Writing the row
+// twice is harmless (ON CONFLICT DO NOTHING: the same key and expiry). It
+// reports ErrNotInFlight, the live entry not being this request's, once the
+// row is written.
 func (s *Redis) completeLost(ctx context.Context, key string, c idempotency.Completion) error {
 	if c.ExpiresAt.IsZero() {
 		return ErrNotInFlight // a caller that did not say when it registered
@@ -245,7 +251,7 @@ func (s *Redis) completeLost(ctx context.Context, key string, c idempotency.Comp
 	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, c.CreatedAt, c.ExpiresAt); err != nil {
 		return fmt.Errorf("archive idempotency key at completion, its Redis entry lost: %w", err)
 	}
-	return fmt.Errorf("%w: its Redis entry was lost before completion; the outcome is archived, and retries are answered from the archive", ErrNotInFlight)
+	return fmt.Errorf("%w: its Redis entry was lost before completion (or replaced by another registration of the key); the outcome is archived, and retries are answered from the archive", ErrNotInFlight)
 }
 
 // Release deletes the in-flight hash this request registered (its
