@@ -271,8 +271,15 @@ const dateStyleSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true)"
 // queryRow runs sql with args after dateStyleSQL, in one round trip, and
 // passes its row to scan.
 func (p *Postgres) queryRow(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
+	return p.afterSettings(ctx, dateStyleSQL, scan, sql, args...)
+}
+
+// afterSettings runs sql with args after the statement settings, which sets
+// values local to their implicit transaction, in one round trip, and passes
+// its row to scan.
+func (p *Postgres) afterSettings(ctx context.Context, settings string, scan func(pgx.Row) error, sql string, args ...any) error {
 	b := &pgx.Batch{}
-	b.Queue(dateStyleSQL)
+	b.Queue(settings)
 	b.Queue(sql, args...).QueryRow(scan)
 	return p.pool.SendBatch(ctx, b).Close()
 }
@@ -283,10 +290,7 @@ func (p *Postgres) queryRow(ctx context.Context, scan func(pgx.Row) error, sql s
 func (p *Postgres) insert(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), registerWait)
 	defer cancel()
-	b := &pgx.Batch{}
-	b.Queue(registerSettingsSQL)
-	b.Queue(sql, args...).QueryRow(scan)
-	return p.pool.SendBatch(ctx, b).Close()
+	return p.afterSettings(ctx, registerSettingsSQL, scan, sql, args...)
 }
 
 func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, error) {

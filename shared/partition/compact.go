@@ -328,9 +328,9 @@ func (m *Manager) compact(ctx context.Context, conn *pgx.Conn, tbl table, pk pkI
 	}
 	// The index's OID before the rebuild: the swap gives pk's name to the
 	// index REINDEX built, so a changed OID says the swap happened.
-	var before uint32
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1)::oid", tbl.sibling(pk.index)).Scan(&before); err != nil {
-		return false, fmt.Errorf("read the primary key of %s: %w", pk.partition, err)
+	before, err := indexOID(ctx, conn, tbl, pk)
+	if err != nil {
+		return false, err
 	}
 	// REINDEX ... CONCURRENTLY waits for older transactions, a wait that
 	// lock_timeout would cut short; it blocks no reader or writer meanwhile.
@@ -366,6 +366,16 @@ func (m *Manager) compact(ctx context.Context, conn *pgx.Conn, tbl table, pk pkI
 	return timedOut, err
 }
 
+// indexOID returns the OID of the index named like pk's primary key, 0 when
+// there is none.
+func indexOID(ctx context.Context, conn *pgx.Conn, tbl table, pk pkIndex) (uint32, error) {
+	var oid uint32
+	if err := conn.QueryRow(ctx, "SELECT coalesce(to_regclass($1)::oid, 0)", tbl.sibling(pk.index)).Scan(&oid); err != nil {
+		return 0, fmt.Errorf("read the primary key of %s: %w", pk.partition, err)
+	}
+	return oid, nil
+}
+
 // oldIndexRE matches the name REINDEX ... CONCURRENTLY gives the index it
 // replaced, once it has swapped the new one in.
 var oldIndexRE = regexp.MustCompile(`_ccold[0-9]*$`)
@@ -378,9 +388,9 @@ var oldIndexRE = regexp.MustCompile(`_ccold[0-9]*$`)
 // rebuild had got that far. A rebuild stopped before its swap leaves the old
 // index under pk's name, and an invalid <pk>_ccnew.
 func (m *Manager) finishSwapped(ctx context.Context, conn *pgx.Conn, tbl table, pk pkIndex, before uint32, mark string) (swapped bool, err error) {
-	var now uint32
-	if err := conn.QueryRow(ctx, "SELECT coalesce(to_regclass($1)::oid, 0)", tbl.sibling(pk.index)).Scan(&now); err != nil {
-		return false, fmt.Errorf("read the primary key of %s: %w", pk.partition, err)
+	now, err := indexOID(ctx, conn, tbl, pk)
+	if err != nil {
+		return false, err
 	}
 	if now == 0 || now == before {
 		return false, nil
