@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -170,8 +171,9 @@ var (
 )
 
 // Register bounds: the registration statement runs under a server-side
-// statement timeout of registerTimeout, and its caller waits up to
-// registerWait for the server's answer, whatever the request's context says.
+// statement timeout of registerTimeout, or less when the request's deadline
+// comes sooner, and its caller waits up to registerGrace longer than that
+// for the server's answer, whatever the request's context says.
 //
 // Why (the invariant): every registration is released by its token when its
 // request cannot go on, and a release finds only a row that has committed.
@@ -182,23 +184,30 @@ var (
 // closed connection only when it next writes to it, would commit the row
 // after the release had found nothing: an entry nobody releases, answered
 // 409 in flight for the whole window. Waiting for the server's answer, which
-// its own timeout guarantees within registerTimeout, makes the outcome
-// known before the request goes on, and a registration that landed is
-// released by the same token. Only a connection that stops answering for
-// registerWait (or a process killed mid-statement) can still leave one.
+// its own timeout guarantees within the statement timeout, makes the
+// outcome known before the request goes on, and a registration that landed
+// is released by the same token. Only a connection that stops answering for
+// registerGrace past its timeout (or a process killed mid-statement) can
+// still leave one.
+//
+// The wait covers the statement alone: a request whose context has ended
+// before its statement is sent (while it waits for a pool connection, or
+// between attempts) sends nothing and returns its context's error at once,
+// since nothing of it can be on the server.
 const (
 	registerTimeout = 5 * time.Second
-	registerWait    = registerTimeout + 2*time.Second
+	registerGrace   = 2 * time.Second
 )
 
 // registerSettingsSQL is dateStyleSQL with the statement timeout of the
-// registration, both local to its implicit transaction.
-var registerSettingsSQL = fmt.Sprintf("SELECT set_config('DateStyle', 'ISO, YMD', true), set_config('statement_timeout', '%dms', true)", registerTimeout.Milliseconds())
+// registration ($1, as '<n>ms'), both local to its implicit transaction.
+const registerSettingsSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true), set_config('statement_timeout', $1, true)"
 
 // Register inserts an in-flight row, or returns the existing one. The insert
 // and the read are separate statements: under READ COMMITTED the read then
 // sees a row that a concurrent request committed while the insert waited.
-// The insert is not cut short by ctx (see registerWait).
+// The insert is bounded by ctx's deadline but, once sent, not cut short by
+// ctx (see registerTimeout).
 func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (idempotency.Registration, error) {
 	if err := req.Validate(); err != nil {
 		return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
@@ -271,26 +280,43 @@ const dateStyleSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true)"
 // queryRow runs sql with args after dateStyleSQL, in one round trip, and
 // passes its row to scan.
 func (p *Postgres) queryRow(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
-	return p.afterSettings(ctx, dateStyleSQL, scan, sql, args...)
+	return p.pool.SendBatch(ctx, rowAfter(dateStyleSQL, nil, scan, sql, args...)).Close()
 }
 
-// afterSettings runs sql with args after the statement settings, which sets
-// values local to their implicit transaction, in one round trip, and passes
-// its row to scan.
-func (p *Postgres) afterSettings(ctx context.Context, settings string, scan func(pgx.Row) error, sql string, args ...any) error {
+// rowAfter returns the batch that runs sql with args after the statement
+// settings (with settingsArgs), which set values local to their implicit
+// transaction, and passes sql's row to scan.
+func rowAfter(settings string, settingsArgs []any, scan func(pgx.Row) error, sql string, args ...any) *pgx.Batch {
 	b := &pgx.Batch{}
-	b.Queue(settings)
+	b.Queue(settings, settingsArgs...)
 	b.Queue(sql, args...).QueryRow(scan)
-	return p.pool.SendBatch(ctx, b).Close()
+	return b
 }
 
-// insert runs a registration statement as queryRow does, under
-// registerTimeout on the server, and waits for its answer up to registerWait
-// even when ctx ends first (see registerWait).
+// insert runs a registration statement as queryRow does, under a server-side
+// statement timeout of registerTimeout or what is left of ctx's deadline,
+// whichever is shorter, and once it is sent waits for its answer up to
+// registerGrace longer even when ctx ends first (see registerTimeout).
 func (p *Postgres) insert(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), registerWait)
+	timeout := registerTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline))
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if timeout < time.Millisecond {
+		return context.DeadlineExceeded
+	}
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout+registerGrace)
 	defer cancel()
-	return p.afterSettings(ctx, registerSettingsSQL, scan, sql, args...)
+	b := rowAfter(registerSettingsSQL, []any{strconv.FormatInt(timeout.Milliseconds(), 10) + "ms"}, scan, sql, args...)
+	return conn.SendBatch(wait, b).Close()
 }
 
 func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, error) {
