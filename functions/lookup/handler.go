@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 
@@ -67,7 +68,10 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
 		}
 		var r lookupapi.Response
-		if functionURL(ev.RequestContext.DomainName) {
+		rawQuery, _ := url.ParseQuery(ev.RawQueryString) // what parses: the counts
+		if name, ok := repeated(rawQuery); ok {
+			r = h.api.ErrorResponse(ctx, badPayload(repeatedError(name)), requestID)
+		} else if functionURL(ev.RequestContext.DomainName) {
 			// Function URLs deliver rawPath as the client sent it.
 			r = h.serveEncoded(ctx, ev.RequestContext.HTTP.Method, ev.RawPath, ev.QueryStringParameters, requestID)
 		} else {
@@ -85,6 +89,10 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		if err := json.Unmarshal(payload, &ev); err != nil {
 			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
 		}
+		if name, ok := repeated(ev.MultiValueQueryStringParameters); ok {
+			r := h.api.ErrorResponse(ctx, badPayload(repeatedError(name)), requestID)
+			return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+		}
 		// REST APIs deliver the path still percent-encoded.
 		r := h.serveEncoded(ctx, ev.HTTPMethod, ev.Path, ev.QueryStringParameters, requestID)
 		return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
@@ -98,6 +106,23 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		}
 		return h.respond(ctx, h.api.Direct(ctx, req, requestID))
 	}
+}
+
+// repeated returns a query parameter given more than once. API Gateway
+// joins a repeated parameter's values with commas (HTTP APIs, function
+// URLs) or keeps the last one (REST APIs): either would answer for a key or
+// a window the client did not ask about, as if it were the one it did.
+func repeated(query map[string][]string) (string, bool) {
+	for name, values := range query {
+		if len(values) > 1 {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+func repeatedError(name string) error {
+	return fmt.Errorf("query parameter %q is given more than once", name)
 }
 
 func (h *handler) serveEncoded(ctx context.Context, method, rawPath string, query map[string]string, requestID string) lookupapi.Response {
@@ -119,7 +144,11 @@ func (h *handler) respond(ctx context.Context, v any) ([]byte, error) {
 		status = r.Status
 	}
 	h.env.RequestLogger(ctx).InfoContext(ctx, "lookup answered", "status", status)
-	return json.Marshal(v)
+	b, err := json.Marshal(v)
+	if err != nil {
+		h.env.RequestLogger(ctx).ErrorContext(ctx, "lookup answer failed to encode", "error", err)
+	}
+	return b, err
 }
 
 type payloadError struct{ err error }

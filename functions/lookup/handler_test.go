@@ -14,11 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
 type bundle struct {
 	db     *dbtest.DB
+	env    *fnenv.Env
 	invoke func(t *testing.T, payload []byte) []byte
 	stdout *testenv.SyncBuffer
 	stderr *testenv.SyncBuffer
@@ -40,7 +42,7 @@ func setup(t *testing.T) bundle {
 
 	env, stdout, stderr := testenv.FunctionEnv(t, db, nil)
 	h := lambda.NewHandler(newHandler(env))
-	return bundle{db: db, stdout: stdout, stderr: stderr, invoke: func(t *testing.T, payload []byte) []byte {
+	return bundle{db: db, env: env, stdout: stdout, stderr: stderr, invoke: func(t *testing.T, payload []byte) []byte {
 		t.Helper()
 		out, err := h.Invoke(testenv.Invocation("req-"+t.Name()), payload)
 		require.NoError(t, err, "the lookup function answers every input itself")

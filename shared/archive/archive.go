@@ -110,19 +110,30 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports an unusable configuration.
+// ConfigError is a Config.Validate error about one field, so that a caller can
+// name the field its own way (an environment variable, a flag).
+type ConfigError struct {
+	// Field is the Config field: LiveTTL, MaxLiveTTL, MaxPageSize or
+	// StatementTimeout.
+	Field string
+	Msg   string
+}
+
+func (e *ConfigError) Error() string { return e.Msg }
+
+// Validate reports an unusable configuration. Its errors are *ConfigError.
 func (c Config) Validate() error {
 	if c.LiveTTL < time.Second {
-		return errors.New("live TTL must be at least 1s")
+		return &ConfigError{"LiveTTL", fmt.Sprintf("live TTL must be at least 1s, got %s", c.LiveTTL)}
 	}
 	if c.MaxLiveTTL < c.LiveTTL {
-		return errors.New("max live TTL must be at least the live TTL")
+		return &ConfigError{"MaxLiveTTL", fmt.Sprintf("max live TTL must be at least the live TTL (%s), got %s", c.LiveTTL, c.MaxLiveTTL)}
 	}
 	if c.MaxPageSize < 1 {
-		return errors.New("max page size must be positive")
+		return &ConfigError{"MaxPageSize", fmt.Sprintf("max page size must be positive, got %d", c.MaxPageSize)}
 	}
 	if err := database.CheckTimeout(c.StatementTimeout); err != nil {
-		return fmt.Errorf("statement timeout %w", err)
+		return &ConfigError{"StatementTimeout", fmt.Sprintf("statement timeout %v", err)}
 	}
 	return nil
 }
@@ -144,6 +155,38 @@ type Record struct {
 
 // InFlight reports whether the key expired before its request completed.
 func (r Record) InFlight() bool { return r.Status == InFlightStatus }
+
+// MarshalJSON writes r with its times in UTC, each null where JSONTime says
+// so, so that an odd row in the archive never fails the answer that carries
+// it.
+func (r Record) MarshalJSON() ([]byte, error) {
+	type plain Record // without this method
+	return json.Marshal(struct {
+		plain
+		CreatedAt *time.Time `json:"created_at"`
+		ExpiredAt *time.Time `json:"expired_at"`
+	}{plain(r), JSONTime(r.CreatedAt), JSONTime(r.ExpiredAt)})
+}
+
+// JSONTime is t in UTC for a JSON member, or nil (null) for a time not known
+// (the zero time: an archive row stamped 'infinity' or '-infinity') or one
+// RFC 3339 cannot write (a year outside 0-9999: a row written by hand with a
+// BC date), either of which would otherwise fail the whole answer.
+func JSONTime(t time.Time) *time.Time {
+	t = t.UTC()
+	if t.IsZero() || t.Year() < 0 || t.Year() > 9999 {
+		return nil
+	}
+	return &t
+}
+
+// instant is ts as a time in UTC, or the zero time for an infinite one.
+func instant(ts pgtype.Timestamptz) time.Time {
+	if ts.InfinityModifier != pgtype.Finite {
+		return time.Time{}
+	}
+	return ts.Time.UTC()
+}
 
 // Reader reads the archive. It needs only SELECT on idempotency_key_archive
 // and idempotency_writers (the idempotency_reader role).
@@ -301,6 +344,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	start := time.Now()
 	var archived []byte
 	var status int16
+	var created, expired pgtype.Timestamptz
 	found := false
 	err := tracing.Span(ctx, "archive.lookup", func(ctx context.Context) error {
 		earliest, latest, reach, err := r.expiryRange(ctx, scopedKey)
@@ -318,7 +362,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 					// again before its statement timeout is set.
 					for rows.Next() {
 						found = true
-						if err := rows.Scan(&status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt, &archived); err != nil {
+						if err := rows.Scan(&status, &rec.ResourceID, &created, &expired, &archived); err != nil {
 							return err
 						}
 					}
@@ -348,7 +392,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 		return rec, ErrNotFound
 	}
 	rec.Status = int(status)
-	rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
+	rec.CreatedAt, rec.ExpiredAt = instant(created), instant(expired)
 	rec.FingerprintMatch = compareFingerprints(fingerprint, archived)
 	return rec, nil
 }
@@ -627,7 +671,9 @@ type Query struct {
 	// ScopePrefix selects keys that start with it, byte for byte ('%' and '_'
 	// are ordinary characters). Required.
 	ScopePrefix string
-	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound created_at.
+	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound created_at,
+	// each rounded up to a whole microsecond. The zero time is 0001-01-01,
+	// as any other.
 	CreatedFrom, CreatedTo time.Time
 	// Limit is the page size. Default 100, at most Config.MaxPageSize.
 	Limit int
@@ -675,11 +721,12 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 				for rows.Next() {
 					var rec Record
 					var status int16
-					if err := rows.Scan(&rec.ScopedKey, &status, &rec.ResourceID, &rec.CreatedAt, &rec.ExpiredAt); err != nil {
+					var created, expired pgtype.Timestamptz
+					if err := rows.Scan(&rec.ScopedKey, &status, &rec.ResourceID, &created, &expired); err != nil {
 						return err
 					}
 					rec.Status = int(status)
-					rec.CreatedAt, rec.ExpiredAt = rec.CreatedAt.UTC(), rec.ExpiredAt.UTC()
+					rec.CreatedAt, rec.ExpiredAt = instant(created), instant(expired)
 					page.Records = append(page.Records, rec)
 				}
 				return rows.Err()
@@ -703,7 +750,10 @@ func (r *Reader) queryArgs(q Query) ([]any, int, error) {
 	if q.ScopePrefix == "" || !utf8.ValidString(q.ScopePrefix) || len(q.ScopePrefix) > MaxScopedKeyBytes || strings.IndexByte(q.ScopePrefix, 0) >= 0 {
 		return nil, 0, fmt.Errorf("%w: scope prefix must be non-empty UTF-8 without NUL bytes, of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
 	}
-	if q.CreatedFrom.IsZero() || q.CreatedTo.IsZero() || !q.CreatedFrom.Before(q.CreatedTo) {
+	// PostgreSQL keeps microseconds: both bounds are rounded up to one,
+	// which keeps exactly the times [from, to) holds.
+	from, to := ceilMicrosecond(q.CreatedFrom), ceilMicrosecond(q.CreatedTo)
+	if !from.Before(to) {
 		return nil, 0, fmt.Errorf("%w: created_from must be before created_to", ErrInvalidQuery)
 	}
 	if q.Limit == 0 {
@@ -723,12 +773,25 @@ func (r *Reader) queryArgs(q Query) ([]any, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
+		if !strings.HasPrefix(c.Key, q.ScopePrefix) {
+			// Read under this prefix it would answer an empty page, as
+			// if the scope held nothing more.
+			return nil, 0, fmt.Errorf("%w: it continues a query of another scope prefix", ErrInvalidCursor)
+		}
 		afterKey, afterExpiry = c.Key, pgtype.Timestamptz{Time: c.ExpiredAt, Valid: true}
 	}
 	return []any{
 		q.ScopePrefix, upper, q.ScopePrefix, afterKey, afterExpiry,
-		q.CreatedFrom, q.CreatedTo, q.CreatedTo.Add(r.cfg.MaxLiveTTL), q.Limit + 1,
+		from, to, to.Add(r.cfg.MaxLiveTTL), q.Limit + 1,
 	}, q.Limit, nil
+}
+
+// ceilMicrosecond rounds t up to a whole microsecond.
+func ceilMicrosecond(t time.Time) time.Time {
+	if c := t.Truncate(time.Microsecond); c.Before(t) {
+		return c.Add(time.Microsecond)
+	}
+	return t
 }
 
 func encodeCursor(c cursor) string {

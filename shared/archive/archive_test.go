@@ -395,7 +395,7 @@ func TestInvestigate(t *testing.T) {
 	for _, bad := range []archive.Query{
 		{ScopePrefix: "", CreatedFrom: day(1), CreatedTo: day(2)},
 		{ScopePrefix: "idem:", CreatedFrom: day(2), CreatedTo: day(1)},
-		{ScopePrefix: "idem:", CreatedTo: day(1)},
+		{ScopePrefix: "idem:", CreatedFrom: day(1)}, // no end: the zero time, before it
 		{ScopePrefix: "idem:", CreatedFrom: day(1), CreatedTo: day(2), Limit: 100000},
 		{ScopePrefix: "\U0010FFFF", CreatedFrom: day(1), CreatedTo: day(2)},
 	} {

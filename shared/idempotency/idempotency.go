@@ -711,20 +711,9 @@ func (m *Middleware) expired(w http.ResponseWriter, r *http.Request, status int,
 	m.problem(w, r, http.StatusConflict, "idempotency_key_expired", detail, map[string]any{
 		"original_status": status,
 		"resource_id":     resourceID,
-		"created_at":      jsonTime(created),
-		"expired_at":      jsonTime(expired),
+		"created_at":      archive.JSONTime(created),
+		"expired_at":      archive.JSONTime(expired),
 	})
-}
-
-// jsonTime is t in UTC for a JSON member, or null for a time JSON's RFC 3339
-// cannot write (a year outside 0-9999: a live row written by hand with a BC
-// date), which would otherwise fail the whole answer.
-func jsonTime(t time.Time) *time.Time {
-	t = t.UTC()
-	if t.Year() < 0 || t.Year() > 9999 {
-		return nil
-	}
-	return &t
 }
 
 // responseLost answers a key the archive holds whose window has not ended:
@@ -738,8 +727,8 @@ func (m *Middleware) responseLost(w http.ResponseWriter, r *http.Request, rec ar
 	m.problem(w, r, http.StatusConflict, "idempotency_key_response_unavailable", detail, map[string]any{
 		"original_status": rec.Status,
 		"resource_id":     rec.ResourceID,
-		"created_at":      rec.CreatedAt.UTC(),
-		"expires_at":      rec.ExpiredAt.UTC(),
+		"created_at":      archive.JSONTime(rec.CreatedAt),
+		"expires_at":      archive.JSONTime(rec.ExpiredAt),
 	})
 }
 

@@ -127,13 +127,13 @@ func (a *API) Serve(ctx context.Context, r Request) Response {
 	if err != nil {
 		return a.ErrorResponse(ctx, err, r.RequestID)
 	}
-	return jsonResponse(http.StatusOK, "application/json", v)
+	return a.encode(ctx, r.RequestID, http.StatusOK, "application/json", v)
 }
 
 // ErrorResponse answers err as an application/problem+json response.
 func (a *API) ErrorResponse(ctx context.Context, err error, requestID string) Response {
 	p := a.ProblemFor(ctx, err, requestID)
-	resp := jsonResponse(p.Status, problem.ContentType, p)
+	resp := a.encode(ctx, requestID, p.Status, problem.ContentType, p)
 	if errors.Is(err, ErrMethodNotAllowed) {
 		resp.Headers["Allow"] = http.MethodGet
 	}
@@ -211,10 +211,14 @@ func (e requestError) Is(target error) bool { return target == ErrBadRequest }
 
 func badRequest(msg string) error { return requestError{msg} }
 
-func jsonResponse(status int, contentType string, v any) Response {
+// encode answers v as JSON, or, should v not encode, logs why and answers
+// a 500 problem.
+func (a *API) encode(ctx context.Context, requestID string, status int, contentType string, v any) Response {
 	body, err := json.Marshal(v)
 	if err != nil {
-		status, body = http.StatusInternalServerError, []byte(`{"status":500,"code":"internal_error","title":"Internal Server Error"}`)
+		a.logger.ErrorContext(ctx, "lookup answer failed to encode", "request_id", requestID, "error", err)
+		status, contentType = http.StatusInternalServerError, problem.ContentType
+		body, _ = json.Marshal(newProblem(status, "internal_error", "", requestID))
 	}
 	return Response{Status: status, Headers: map[string]string{"Content-Type": contentType}, Body: body}
 }
@@ -229,8 +233,10 @@ type DirectRequest struct {
 	ScopePrefix string `json:"scope_prefix,omitempty"`
 	CreatedFrom string `json:"created_from,omitempty"`
 	CreatedTo   string `json:"created_to,omitempty"`
-	Limit       int    `json:"limit,omitempty"`
-	Cursor      string `json:"cursor,omitempty"`
+	// Limit is the page size: absent for the default, else 1 to the
+	// reader's MaxPageSize (0 is refused).
+	Limit  *int   `json:"limit,omitempty"`
+	Cursor string `json:"cursor,omitempty"`
 }
 
 // DirectResponse answers a DirectRequest: Status as HTTP would, then exactly
@@ -253,8 +259,8 @@ func (a *API) Direct(ctx context.Context, r DirectRequest, requestID string) Dir
 		}
 	case "query":
 		q := map[string]string{"scope_prefix": r.ScopePrefix, "created_from": r.CreatedFrom, "created_to": r.CreatedTo, "cursor": r.Cursor}
-		if r.Limit != 0 {
-			q["limit"] = strconv.Itoa(r.Limit)
+		if r.Limit != nil {
+			q["limit"] = strconv.Itoa(*r.Limit)
 		}
 		var page archive.Page
 		if page, err = a.investigate(ctx, q); err == nil {

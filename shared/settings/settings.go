@@ -169,7 +169,7 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		return s, fmt.Errorf("%s: %w", partitionVariable(err), err)
 	}
 	if err := s.Archive.WithDefaults().Validate(); err != nil {
-		return s, fmt.Errorf("LIVE_TTL/MAX_LIVE_TTL/ARCHIVE_STATEMENT_TIMEOUT: %w", err)
+		return s, fmt.Errorf("%s: %w", archiveVariable(err), err)
 	}
 	return s, nil
 }
@@ -216,6 +216,22 @@ func sweepVariable(err error) string {
 		}
 	}
 	return "SWEEP_*"
+}
+
+// archiveVariable names the variable behind an archive.Config error.
+func archiveVariable(err error) string {
+	var ce *archive.ConfigError
+	if errors.As(err, &ce) {
+		switch ce.Field {
+		case "LiveTTL":
+			return "LIVE_TTL"
+		case "MaxLiveTTL":
+			return "MAX_LIVE_TTL"
+		case "StatementTimeout":
+			return "ARCHIVE_STATEMENT_TIMEOUT"
+		}
+	}
+	return "LIVE_TTL/MAX_LIVE_TTL/ARCHIVE_STATEMENT_TIMEOUT"
 }
 
 // partitionVariable names the variable behind a partition.Config error.

@@ -82,6 +82,21 @@ func TestErrorsNameTheVariable(t *testing.T) {
 	}
 }
 
+// An archive setting the reader refuses names its own variable, and says
+// what it got.
+func TestArchiveErrorsNameTheOneVariable(t *testing.T) {
+	for name, c := range map[string]struct{ value, want string }{
+		"ARCHIVE_STATEMENT_TIMEOUT": {"1500us", "1.5ms"},
+		"MAX_LIVE_TTL":              {"1h", "got 1h0m0s"},
+		"LIVE_TTL":                  {"500ms", "got 500ms"},
+	} {
+		_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1/db", name: c.value}))
+		if err == nil || !strings.HasPrefix(err.Error(), name+":") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s=%s: want an error naming it and %q, got %v", name, c.value, c.want, err)
+		}
+	}
+}
+
 // testCA is a self-signed CA certificate, for DATABASE_SSL_ROOT_CERT.
 const testCA = `-----BEGIN CERTIFICATE-----
 MIIBjjCCATOgAwIBAgIUPDoSiSGNdoRMnoX24M5SziIy7TowCgYIKoZIzj0EAwIw

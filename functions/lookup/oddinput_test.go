@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-lambda-go/lambda"
+	awslambda "github.com/aws/aws-sdk-go-v2/service/lambda"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archiveclient"
+	"github.com/idemarchive/idemarchive/shared/testenv"
+)
+
+// invoker hands archiveclient's invocations to the handler, answering a
+// handler error as the Lambda service does: a function error.
+type invoker struct{ h lambda.Handler }
+
+func (i invoker) Invoke(ctx context.Context, in *awslambda.InvokeInput, _ ...func(*awslambda.Options)) (*awslambda.InvokeOutput, error) {
+	out, err := i.h.Invoke(testenv.Invocation("req-client"), in.Payload)
+	if err != nil {
+		fe := "Unhandled"
+		b, _ := json.Marshal(map[string]string{"errorMessage": err.Error(), "errorType": "error"})
+		return &awslambda.InvokeOutput{StatusCode: 200, FunctionError: &fe, Payload: b}, nil
+	}
+	return &awslambda.InvokeOutput{StatusCode: 200, Payload: out}, nil
+}
+
+// An archived key whose created_at JSON cannot write (BC, a row written by
+// hand) or that has no instant ('-infinity') is answered on every path, its
+// creation time null: a 500 or a function error here would reach a
+// middleware as "archive unavailable", and one failing open would run the
+// request again.
+func TestArchivedKeysWithOddCreationTimesAreAnsweredOnEveryPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO idempotency_key_archive
+		(scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:bc', '\x00', 201, 'ch_bc', '0100-01-01 00:00:00+00 BC', now() - interval '6 hours'),
+		       ('idem:v1:inf', '\x00', 201, 'ch_inf', '-infinity', now() - interval '6 hours')`)
+	require.NoError(t, err)
+	h := lambda.NewHandler(newHandler(b.env))
+
+	for key, resource := range map[string]string{"idem:v1:bc": "ch_bc", "idem:v1:inf": "ch_inf"} {
+		var resp events.APIGatewayV2HTTPResponse
+		require.NoError(t, json.Unmarshal(b.invoke(t, v2("GET", "/v1/archive/keys/"+key, nil)), &resp))
+		require.Equal(t, 200, resp.StatusCode, resp.Body)
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(resp.Body), &rec))
+		require.Nil(t, rec["created_at"], resp.Body)
+		require.NotNil(t, rec["expired_at"], resp.Body)
+		require.Equal(t, resource, rec["resource_id"])
+
+		var direct struct {
+			Status int
+			Record map[string]any
+		}
+		require.NoError(t, json.Unmarshal(b.invoke(t, []byte(`{"scoped_key":"`+key+`"}`)), &direct))
+		require.Equal(t, 200, direct.Status)
+		require.Equal(t, resource, direct.Record["resource_id"])
+
+		c := archiveclient.Lambda{Client: invoker{h}, FunctionName: "lookup"}
+		got, err := c.Lookup(context.Background(), key, nil)
+		require.NoError(t, err, "an archived key is found, never unavailable")
+		require.Equal(t, 201, got.Status)
+		require.True(t, got.CreatedAt.IsZero())
+	}
+}
+
+// A query parameter given twice is refused: API Gateway would join the
+// values with a comma (HTTP APIs, function URLs) or keep the last (REST
+// APIs), and the answer would be a definite 404 for a key nobody asked for.
+func TestARepeatedQueryParameterIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	ev := events.APIGatewayV2HTTPRequest{Version: "2.0", RawPath: "/v1/archive/lookup",
+		RawQueryString:        "scoped_key=idem%3Av1%3Aprobe&scoped_key=idem%3Av1%3Aother",
+		QueryStringParameters: map[string]string{"scoped_key": "idem:v1:probe,idem:v1:other"}}
+	ev.RequestContext.HTTP.Method = "GET"
+	payload, _ := json.Marshal(ev)
+	var resp events.APIGatewayV2HTTPResponse
+	require.NoError(t, json.Unmarshal(b.invoke(t, payload), &resp))
+	require.Equal(t, 400, resp.StatusCode, resp.Body)
+	require.Contains(t, resp.Body, `scoped_key`)
+
+	rest := events.APIGatewayProxyRequest{HTTPMethod: "GET", Path: "/v1/archive/lookup",
+		QueryStringParameters:           map[string]string{"scoped_key": "idem:v1:probe"},
+		MultiValueQueryStringParameters: map[string][]string{"scoped_key": {"idem:v1:other", "idem:v1:probe"}}}
+	payload, _ = json.Marshal(rest)
+	var restResp events.APIGatewayProxyResponse
+	require.NoError(t, json.Unmarshal(b.invoke(t, payload), &restResp))
+	require.Equal(t, 400, restResp.StatusCode, restResp.Body)
+
+	// Once each, the same parameters answer.
+	ev.RawQueryString = "scoped_key=idem%3Av1%3Aprobe"
+	ev.QueryStringParameters = map[string]string{"scoped_key": "idem:v1:probe"}
+	payload, _ = json.Marshal(ev)
+	require.NoError(t, json.Unmarshal(b.invoke(t, payload), &resp))
+	require.Equal(t, 200, resp.StatusCode, resp.Body)
+	rest.MultiValueQueryStringParameters = map[string][]string{"scoped_key": {"idem:v1:probe"}}
+	payload, _ = json.Marshal(rest)
+	require.NoError(t, json.Unmarshal(b.invoke(t, payload), &restResp))
+	require.Equal(t, 200, restResp.StatusCode, restResp.Body)
+}
+
+// A direct query's limit of 0 is refused, as limit=0 over HTTP is: zero
+// never means the default.
+func TestADirectQueryOfLimitZeroIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var resp struct {
+		Status  int
+		Problem problem
+	}
+	require.NoError(t, json.Unmarshal(b.invoke(t, []byte(`{"action":"query","scope_prefix":"idem:","created_from":"2026-01-01T00:00:00Z","created_to":"2027-01-01T00:00:00Z","limit":0}`)), &resp))
+	require.Equal(t, 400, resp.Status)
+	require.Equal(t, "bad_request", resp.Problem.Code)
+	require.NoError(t, json.Unmarshal(b.invoke(t, []byte(`{"action":"query","scope_prefix":"idem:","created_from":"2026-01-01T00:00:00Z","created_to":"2027-01-01T00:00:00Z"}`)), &resp))
+	require.Equal(t, 200, resp.Status)
+}
