@@ -187,6 +187,13 @@ type Registration struct {
 // Complete whose reply was lost already completed it).
 var ErrNotInFlight = errors.New("idempotency: key is not in flight")
 
+// ErrNotSent is what a Store's Register error wraps when no registration of
+// this request can be on the store: it ended before sending any (its
+// context ended while it waited for a connection, or before). The
+// middleware then answers at once, without a release that could match
+// nothing.
+var ErrNotSent = errors.New("idempotency: registration not sent")
+
 // Store is a live store: Postgres (livestore.Postgres) or Redis (livestore.Redis).
 type Store interface {
 	// Register creates an in-flight entry for the key unless one exists or
@@ -448,13 +455,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	reg, err := m.cfg.Store.Register(ctx, Registering{Key: scoped, Fingerprint: fp, Token: token, TTL: m.cfg.LiveTTL, ClockSkew: m.cfg.ClockSkew})
 	if err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store register failed", "error", err)
-		// The registration may have landed and only its reply been lost:
-		// release it, so that the retry this answer asks for can run. The
-		// token makes this safe: only an entry registered with it matches,
-		// never a concurrent duplicate's (a store releases by a token only
-		// where it keeps tokens, and never falls back to matching without
-		// one).
-		m.release(ctx, scoped, fp, token)
+		if !errors.Is(err, ErrNotSent) {
+			// The registration may have landed and only its reply been
+			// lost: release it, so that the retry this answer asks for
+			// can run. The token makes this safe: only an entry
+			// registered with it matches, never a concurrent duplicate's
+			// (a store releases by a token only where it keeps tokens,
+			// and never falls back to matching without one).
+			m.release(ctx, scoped, fp, token)
+		}
 		m.retryAfter(w)
 		m.problem(w, r, http.StatusServiceUnavailable, "idempotency_store_unavailable", "the idempotency store is unavailable; retry later", nil)
 		return

@@ -5,6 +5,8 @@ package livestore
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -297,26 +299,73 @@ func rowAfter(settings string, settingsArgs []any, scan func(pgx.Row) error, sql
 // statement timeout of registerTimeout or what is left of ctx's deadline,
 // whichever is shorter, and once it is sent waits for its answer up to
 // registerGrace longer even when ctx ends first (see registerTimeout).
+//
+// Everything before the statement is sent runs under ctx, and its failure
+// wraps idempotency.ErrNotSent: the wait for a pool connection, and, in the
+// execution modes that prepare statements in a round trip of their own
+// before the batch (every extended mode but exec), the preparation, which
+// can wait on a relation lock (a migration's) with no statement timeout yet
+// set. A Parse commits nothing, so cutting it short leaves nothing behind;
+// the timeout is computed after both, from what is left of the deadline.
 func (p *Postgres) insert(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
+	if err := ctx.Err(); err != nil {
+		return notSent(err)
+	}
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return notSent(err)
+	}
+	defer conn.Release()
+	settings, statement := registerSettingsSQL, sql
+	if prepares(conn.Conn().Config().DefaultQueryExecMode) {
+		if settings, err = prepare(ctx, conn.Conn(), registerSettingsSQL); err == nil {
+			statement, err = prepare(ctx, conn.Conn(), sql)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return notSent(err)
+			}
+			return err
+		}
+	}
 	timeout := registerTimeout
 	if deadline, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(deadline))
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return notSent(err)
 	}
 	if timeout < time.Millisecond {
-		return context.DeadlineExceeded
+		// Never '0ms': PostgreSQL reads it as no timeout at all.
+		return notSent(context.DeadlineExceeded)
 	}
-	conn, err := p.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
 	wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout+registerGrace)
 	defer cancel()
-	b := rowAfter(registerSettingsSQL, []any{strconv.FormatInt(timeout.Milliseconds(), 10) + "ms"}, scan, sql, args...)
+	b := rowAfter(settings, []any{strconv.FormatInt(timeout.Milliseconds(), 10) + "ms"}, scan, statement, args...)
 	return conn.SendBatch(wait, b).Close()
+}
+
+// notSent marks err as the failure of a registration that was never sent.
+func notSent(err error) error {
+	return fmt.Errorf("%w: %w", idempotency.ErrNotSent, err)
+}
+
+// prepares reports whether mode prepares a statement (Parse, Describe) in a
+// round trip before the batch that runs it.
+func prepares(mode pgx.QueryExecMode) bool {
+	return mode != pgx.QueryExecModeExec && mode != pgx.QueryExecModeSimpleProtocol
+}
+
+// prepare prepares sql on conn under a name of its own and returns the
+// name, which a batch then runs without preparing it again. Preparing the
+// same statement again on the same connection is a no-op.
+func prepare(ctx context.Context, conn *pgx.Conn, sql string) (string, error) {
+	sum := sha256.Sum256([]byte(sql))
+	sd, err := conn.Prepare(ctx, "idemarchive_register_"+hex.EncodeToString(sum[:8]), sql)
+	if err != nil {
+		return "", err
+	}
+	return sd.Name, nil
 }
 
 func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, error) {
