@@ -16,6 +16,21 @@ import (
 	"github.com/idemarchive/idemarchive/shared/keytime"
 )
 
+// sweepHolding stands for a sweep batch that has deleted key's expired row
+// and not committed yet: a registration of key waits on it. The batch
+// rolls back at the end of the test unless it was committed.
+func sweepHolding(t *testing.T, db *dbtest.DB, key string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: key, ExpiresAt: time.Now().Add(-time.Minute)})
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, "DELETE FROM idempotency_keys WHERE scoped_key = $1", key)
+	require.NoError(t, err)
+	return tx
+}
+
 // A registration that waits on a sweep batch's lock ends by its request's
 // deadline, on the server: the statement timeout is what is left of the
 // deadline, not the full registerTimeout, and the registration never lands
@@ -28,18 +43,13 @@ func TestARegistrationWaitingOnALockEndsByItsDeadline(t *testing.T) {
 	p := NewPostgres(db.Pool)
 	ctx, fp := context.Background(), dbtest.Fingerprint("a")
 	const key = "idem:v1:locked"
-	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: key, ExpiresAt: time.Now().Add(-time.Minute)})
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "DELETE FROM idempotency_keys WHERE scoped_key = $1", key)
-	require.NoError(t, err)
+	tx := sweepHolding(t, db, key)
 
 	// WHEN a retry with 300 ms left registers it
 	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = p.Register(rctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour})
+	_, err := p.Register(rctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour})
 	took := time.Since(start)
 
 	// THEN the server ended the insert by the deadline, well before
@@ -119,12 +129,7 @@ func TestTheStatementTimeoutCountsTheWaitForAConnection(t *testing.T) {
 	_, err := p.Register(ctx, idempotency.Registering{Key: "idem:v1:warm", Fingerprint: fp, TTL: time.Hour})
 	require.NoError(t, err)
 	const key = "idem:v1:locked"
-	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: key, ExpiresAt: time.Now().Add(-time.Minute)})
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "DELETE FROM idempotency_keys WHERE scoped_key = $1", key)
-	require.NoError(t, err)
+	tx := sweepHolding(t, db, key)
 	busy, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	go func() {
