@@ -944,15 +944,37 @@ func execTraced(ctx context.Context, db interface {
 }
 
 // advisoryLock serializes partition DDL per archive table (and so per schema).
+//
+// It tries pg_try_advisory_lock every lockPoll rather than waiting inside
+// pg_advisory_lock: a statement that waits holds its snapshot all along, and
+// the run holding the lock may be in a REINDEX ... CONCURRENTLY or a
+// DETACH ... CONCURRENTLY, which waits for every snapshot older than its
+// own. Each would wait for the other, a deadlock PostgreSQL breaks by
+// failing one of them. Between tries this session holds no snapshot.
 func advisoryLock(ctx context.Context, conn *pgx.Conn) (func(), error) {
 	const key = `hashtextextended('idempotency_key_archive partitions ' || current_schema(), 0)`
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock("+key+")"); err != nil {
-		return nil, fmt.Errorf("take partition advisory lock: %w", err)
+	for {
+		var held bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+key+")").Scan(&held); err != nil {
+			return nil, fmt.Errorf("take partition advisory lock: %w", err)
+		}
+		if held {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("take partition advisory lock: %w", ctx.Err())
+		case <-time.After(lockPoll):
+		}
 	}
 	return func() {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock("+key+")")
 	}, nil
 }
+
+// lockPoll is how often a partition run or EnsureMonth tries the advisory
+// lock while another holds it.
+const lockPoll = 100 * time.Millisecond
 
 // table identifies the archive's parent table.
 type table struct {
