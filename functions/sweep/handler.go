@@ -82,8 +82,8 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 	}
 	res, err := s.Run(ctx)
 	if res.Unarchivable > 0 {
-		log.WarnContext(ctx, "expired live rows that expire before year 1 (a BC date) can never be archived: no partition can hold them. "+
-			"They stay live and are answered 409 expired; correct their expires_at or delete them",
+		log.WarnContext(ctx, "expired live rows that expire before year 1 (a BC date) or whose key is over 2,000 bytes can never be archived: "+
+			"no partition or primary key can hold them. They stay live and are answered 409 expired; correct or delete them",
 			"unarchivable", res.Unarchivable)
 	}
 	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) {

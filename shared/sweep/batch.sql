@@ -50,10 +50,16 @@
 -- or bounded for them, and as the oldest rows every batch would claim them
 -- first, fail, and move nothing behind them. They stay live (the middleware
 -- answers them 409 expired) and the sweeper reports them (unarchivableSQL).
+-- Nor are keys longer than 2,000 bytes (only another writer can store one:
+-- the middleware refuses keys over 512): the archive's primary key entry
+-- holds expired_at beside the key, so an incompressible key that just fits
+-- the live table's primary key can never fit the archive's, and as the
+-- oldest row it would fail every batch in the same way.
 WITH claimed AS MATERIALIZED (
     SELECT ctid
       FROM idempotency_keys
      WHERE expires_at < now() AND expires_at >= '0001-01-01 00:00:00+00'
+       AND octet_length(scoped_key) <= 2000
      ORDER BY expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED

@@ -87,8 +87,16 @@ var errArchiveConflict = errors.New("an archive row of the batch exists already"
 const backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE expires_at < now() LIMIT $1) s`
 
 // unarchivableSQL counts the expired live rows a batch never claims (see
-// batch.sql): those that expire before year 1, up to a cap.
-const unarchivableSQL = `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE expires_at < '0001-01-01 00:00:00+00' LIMIT $1) s`
+// batch.sql), up to a cap: those that expire before year 1 (one range of
+// the expiry index) and, when $2, those with keys over 2,000 bytes, which
+// it finds by reading every expired row: only after a run that drained, when
+// the rows left expired are the few no batch could claim.
+const unarchivableSQL = `
+SELECT count(*) FROM (
+    SELECT 1 FROM idempotency_keys
+     WHERE expires_at < '0001-01-01 00:00:00+00'
+        OR ($2 AND expires_at < now() AND octet_length(scoped_key) > 2000)
+     LIMIT $1) s`
 
 // backlogMonthsSQL lists every UTC month the expired backlog falls in, with
 // one probe of the expiry index per month. Not only the months of the oldest
@@ -307,8 +315,10 @@ type Result struct {
 	// Config.BacklogCap; -1 when it could not be counted.
 	Backlog int64 `json:"backlog"`
 	// Unarchivable is the part of Backlog that no batch moves: rows that
-	// expire before year 1 (a BC date), for which no archive
-	// partition can exist. They stay live; fix or delete them.
+	// expire before year 1 (a BC date), for which no archive partition can
+	// exist, and, counted after a run that drained, rows whose key is over
+	// 2,000 bytes, which the archive's primary key may not hold. They stay
+	// live; fix or delete them.
 	Unarchivable      int64    `json:"unarchivable"`
 	PartitionsCreated []string `json:"partitions_created"`
 	// BatchMaxMS is the longest batch of the run, in milliseconds (see
@@ -460,7 +470,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			res.Backlog = n
 		}
 		if res.Backlog != 0 {
-			_ = s.pool.QueryRow(bctx, unarchivableSQL, s.cfg.BacklogCap).Scan(&res.Unarchivable)
+			_ = s.pool.QueryRow(bctx, unarchivableSQL, s.cfg.BacklogCap, res.Drained).Scan(&res.Unarchivable)
 		}
 		if noBatch != nil && err == nil && res.Backlog != 0 {
 			noBatch.Backlog = res.Backlog

@@ -864,3 +864,55 @@ func TestRowsNoPartitionCanHoldDoNotStallTheSweep(t *testing.T) {
 	require.EqualValues(t, 2, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 	require.EqualValues(t, 2, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys WHERE scoped_key IN ('idem:v1:bc', 'idem:v1:minus-infinity')"), "never lost")
 }
+
+// A key over 2,000 bytes (only another writer can store one) may fit the live
+// table's primary key and not the archive's, which holds expired_at beside
+// it: it is never claimed, so it cannot fail every batch as the oldest row;
+// every other row moves behind it, and a run that drained reports it.
+func TestKeysTooLongForTheArchiveDoNotStallTheSweep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(1, 2))
+	incompressible := func(n int) string {
+		const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.~"
+		k := []byte("idem:v1:")
+		for len(k) < n {
+			k = append(k, alphabet[r.IntN(len(alphabet))])
+		}
+		return string(k)
+	}
+	// The longest incompressible key the live table takes, one at the
+	// limit and ordinary ones, all expired, the long ones oldest
+	var longest string
+	for n := 2600; n < 2800; n++ {
+		k := incompressible(n)
+		tx, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (scoped_key, fingerprint, created_at, expires_at, skew_ms)
+			VALUES ($1, $2, now() - interval '27 hours', now() - interval '3 hours', 0)`, k, dbtest.Fingerprint(k))
+		_ = tx.Rollback(ctx)
+		if err != nil {
+			break
+		}
+		longest = k
+	}
+	require.Greater(t, len(longest), 2000)
+	atLimit := incompressible(2000)
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: longest, Status: 201, ExpiresAt: time.Now().Add(-3 * time.Hour)},
+		dbtest.LiveRow{Key: atLimit, Status: 201, ExpiresAt: time.Now().Add(-3 * time.Hour)},
+	)
+	for i := range 5 {
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("idem:v1:ok-%d", i), Status: 201, ExpiresAt: time.Now().Add(-time.Hour)})
+	}
+
+	res, err := newSweeper(t, b.db.Pool, sweep.Config{BatchSize: 1}, b.parts, nil).Run(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 6, res.Moved, "the key at the limit and the ordinary ones")
+	require.True(t, res.Drained)
+	require.EqualValues(t, 1, res.Backlog)
+	require.EqualValues(t, 1, res.Unarchivable)
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys WHERE scoped_key = $1", longest), "never lost")
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", atLimit))
+}
