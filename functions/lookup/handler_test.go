@@ -283,7 +283,7 @@ func TestAQueryThatRunsOutOfTimeIs503Timeout(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	db.Partition(t, 0)
-	env, _, _ := testenv.FunctionEnv(t, db, nil)
+	env, stdout, stderr := testenv.FunctionEnv(t, db, nil)
 	h := lambda.NewHandler(newHandler(env))
 	ctx := context.Background()
 	// Warm the function: its pool and prepared statements exist.
@@ -308,4 +308,8 @@ func TestAQueryThatRunsOutOfTimeIs503Timeout(t *testing.T) {
 	var p problem
 	require.NoError(t, json.Unmarshal([]byte(resp.Body), &p))
 	require.Equal(t, "timeout", p.Code)
+	// AND the operator sees it in the log, with the request's id
+	logs := stdout.String() + stderr.String()
+	require.Contains(t, logs, "lookup answered timeout")
+	require.Contains(t, logs, "req-slow")
 }

@@ -85,7 +85,8 @@ type Config struct {
 	LiveTTL time.Duration
 	// MaxLiveTTL is the longest TTL any writer of the archive has used. The
 	// investigation query reads partitions up to the end of its window plus
-	// MaxLiveTTL. Default 7 days; at least LiveTTL.
+	// MaxLiveTTL, or plus the longest TTL idempotency_writers records when
+	// that is longer. Default 7 days; at least LiveTTL.
 	MaxLiveTTL time.Duration
 	// MaxPageSize caps the investigation query's page. Default 1,000.
 	MaxPageSize int
@@ -213,6 +214,8 @@ type writersView struct {
 	sweptOnly bool
 	// clockOffset is the database's clock minus this host's, when read.
 	clockOffset time.Duration
+	// maxTTL is the longest TTL a writer on record has leased (0: none).
+	maxTTL time.Duration
 }
 
 // reachTTL is how long a Reader trusts the writers it read. A stale reach is
@@ -602,7 +605,8 @@ func missingGrantOrTable(err error) bool {
 const writersSQL = `
 SELECT CASE WHEN bool_or(NOT bounded) THEN NULL ELSE coalesce(max(skew_ms), 0) END,
        coalesce(bool_or(ttl_ms = 0), false),
-       clock_timestamp()
+       clock_timestamp(),
+       coalesce(max(ttl_ms), 0)
   FROM idempotency_writers`
 
 func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
@@ -618,9 +622,10 @@ func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
 	var ms *int64
 	var atCompletion bool
 	var dbNow time.Time
+	var ttlMS int64
 	sent, start := r.cfg.Now(), time.Now()
 	err := r.bounded(ctx, func(b *pgx.Batch) {
-		b.Queue(writersSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&ms, &atCompletion, &dbNow) })
+		b.Queue(writersSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&ms, &atCompletion, &dbNow, &ttlMS) })
 	})
 	if err != nil {
 		if missingGrantOrTable(err) {
@@ -632,7 +637,7 @@ func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
 		}
 		return writersView{}, fmt.Errorf("read the writers' clock skews: %w", timeoutError(ctx, err))
 	}
-	w = writersView{reach: -1}
+	w = writersView{reach: -1, maxTTL: time.Duration(ttlMS) * time.Millisecond}
 	if ms != nil {
 		w.reach = max(keytime.MaxClockSkew, time.Duration(*ms)*time.Millisecond)
 		w.sweptOnly = !atCompletion
@@ -711,7 +716,14 @@ type cursor struct {
 // within [q.CreatedFrom, q.CreatedTo).
 func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	page := Page{Records: []Record{}}
-	args, limit, err := r.queryArgs(q)
+	// A writer on record with a TTL longer than MaxLiveTTL (a setting left
+	// behind when a TTL was raised) widens the expiries read, so that its
+	// rows are not silently left out.
+	ttl := r.cfg.MaxLiveTTL
+	if w, err := r.readWriters(ctx); err == nil {
+		ttl = max(ttl, w.maxTTL)
+	}
+	args, limit, err := r.queryArgs(q, ttl)
 	if err != nil {
 		return page, err
 	}
@@ -745,8 +757,9 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	return page, nil
 }
 
-// queryArgs validates q and returns the arguments of querySQL and the page size.
-func (r *Reader) queryArgs(q Query) ([]any, int, error) {
+// queryArgs validates q and returns the arguments of querySQL, for rows that
+// lived up to ttl, and the page size.
+func (r *Reader) queryArgs(q Query, ttl time.Duration) ([]any, int, error) {
 	if q.ScopePrefix == "" || !utf8.ValidString(q.ScopePrefix) || len(q.ScopePrefix) > MaxScopedKeyBytes || strings.IndexByte(q.ScopePrefix, 0) >= 0 {
 		return nil, 0, fmt.Errorf("%w: scope prefix must be non-empty UTF-8 without NUL bytes, of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
 	}
@@ -782,7 +795,7 @@ func (r *Reader) queryArgs(q Query) ([]any, int, error) {
 	}
 	return []any{
 		q.ScopePrefix, upper, q.ScopePrefix, afterKey, afterExpiry,
-		from, to, to.Add(r.cfg.MaxLiveTTL), q.Limit + 1,
+		from, to, to.Add(ttl), q.Limit + 1,
 	}, q.Limit, nil
 }
 

@@ -108,3 +108,29 @@ func TestACursorOfAnotherScopeIsRefused(t *testing.T) {
 	require.Len(t, page.Records, 1)
 	require.Equal(t, "idem:v1t:B:2", page.Records[0].ScopedKey)
 }
+
+// An investigation reads as far as the longest TTL a writer on record has
+// leased, when that is longer than MaxLiveTTL: a TTL raised without raising
+// the setting leaves no row out.
+func TestAnInvestigationReadsAsFarAsTheLongestTTLOnRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	created := time.Date(2026, 9, 10, 10, 0, 0, 0, time.UTC)
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:long-lived", Status: 201, CreatedAt: created, ExpiredAt: created.Add(20 * 24 * time.Hour)})
+	q := archive.Query{ScopePrefix: "idem:v1:", CreatedFrom: created.Add(-time.Hour), CreatedTo: created.Add(time.Hour)}
+
+	// Without a writer of that TTL on record, the 7-day MaxLiveTTL bounds it
+	page, err := newReader(t, b.reader, nil).Investigate(ctx, q)
+	require.NoError(t, err)
+	require.Empty(t, page.Records)
+
+	// With one, its 30 days do
+	_, err = b.db.Pool.Exec(ctx, `INSERT INTO idempotency_writers (ttl_ms, skew_ms, first_used, used_until)
+		VALUES ($1, 0, '2026-09-01', '2026-10-01')`, (30 * 24 * time.Hour).Milliseconds())
+	require.NoError(t, err)
+	page, err = newReader(t, b.reader, nil).Investigate(ctx, q)
+	require.NoError(t, err)
+	require.Len(t, page.Records, 1)
+	require.Equal(t, "idem:v1:long-lived", page.Records[0].ScopedKey)
+}

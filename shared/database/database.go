@@ -115,6 +115,11 @@ func (c Config) PoolConfig() (*pgxpool.Config, error) {
 	if err != nil {
 		return nil, errors.New("database URL is not a valid PostgreSQL connection string")
 	}
+	if strings.Contains(connString, "pool_max_conns") {
+		// The pool's size is MaxConns (DATABASE_MAX_CONNS), which would
+		// silently override it.
+		return nil, errors.New("database URL sets pool_max_conns: set DATABASE_MAX_CONNS instead")
+	}
 	if c.URL != "" && !c.InsecureTLS {
 		if host, ok := everyHostVerified(cfg.ConnConfig); !ok {
 			return nil, fmt.Errorf("database host %s is not local: use sslmode=verify-full (with sslrootcert naming the RDS CA bundle when not behind RDS Proxy)", host)

@@ -155,6 +155,22 @@ func TestExecModes(t *testing.T) {
 	}
 }
 
+// A pool size in the URL is refused with a message that names the setting
+// to use: DATABASE_MAX_CONNS would silently override it.
+func TestAPoolSizeInTheURLIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"postgres://u:secret@127.0.0.1/db?pool_max_conns=10",
+		"host=127.0.0.1 user=u password=secret pool_max_conns=10",
+	} {
+		_, err := database.Config{URL: u}.PoolConfig()
+		require.ErrorContains(t, err, "DATABASE_MAX_CONNS", u)
+		require.NotContains(t, err.Error(), "secret")
+	}
+	_, err := database.Config{URL: "postgres://u:secret@127.0.0.1/db?pool_min_conns=1"}.PoolConfig()
+	require.NoError(t, err)
+}
+
 // fakeSecret is the value a fake Secrets Manager serves; set rotates it.
 type fakeSecret struct {
 	mu sync.Mutex

@@ -73,6 +73,8 @@ func (a *API) ProblemFor(ctx context.Context, err error, requestID string) Probl
 		if errors.Is(err, p.err) {
 			detail := err.Error()
 			if p.status >= 500 {
+				// Not the client's doing: the operator needs to see it.
+				a.logger.WarnContext(ctx, "lookup answered "+p.code, "request_id", requestID, "status", p.status, "error", err)
 				detail = ""
 			}
 			return newProblem(p.status, p.code, detail, requestID)
