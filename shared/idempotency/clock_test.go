@@ -506,3 +506,45 @@ func TestAReaderWithoutTheWritersGrantStillFindsKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 201, rec.Status)
 }
+
+// Whether a Postgres live entry's window has ended is the database's to say,
+// by the clock that set expires_at: a process clock hours ahead never answers
+// a request still in flight "expired, never completed" (a client might then
+// charge again under a new key), and one hours behind answers an expired
+// entry as the archive will, not with a replay.
+func TestALiveEntryExpiresByTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+
+	// GIVEN a middleware whose clock runs 2 hours ahead, and a request in
+	// flight under a 1-hour TTL
+	h := &scripted{started: make(chan int, 4), gates: map[int]chan struct{}{1: make(chan struct{})}}
+	fast := b.middleware(t, idempotency.Config{LiveTTL: time.Hour, Now: func() time.Time { return time.Now().Add(2 * time.Hour) }}).Wrap(h)
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- post(fast, "slow-charge", `{}`) }()
+	require.Equal(t, 1, <-h.started)
+
+	// WHEN it is retried THEN the retry waits for it: in flight, not expired
+	retry := post(fast, "slow-charge", `{}`)
+	require.Equal(t, http.StatusConflict, retry.Code)
+	require.Equal(t, "idempotency_key_in_flight", problemOf(t, retry)["code"])
+	close(h.gates[1])
+	require.Equal(t, http.StatusCreated, (<-done).Code)
+	replay := post(fast, "slow-charge", `{}`)
+	require.Equal(t, http.StatusCreated, replay.Code)
+	require.Equal(t, "true", replay.Header().Get(idempotency.HeaderReplayed))
+
+	// GIVEN a completed entry whose 1-second window has ended, and a
+	// middleware whose clock runs 2 hours behind
+	brief := b.middleware(t, idempotency.Config{LiveTTL: time.Second}).Wrap(h)
+	require.Equal(t, http.StatusCreated, post(brief, "ended", `{}`).Code)
+	time.Sleep(1100 * time.Millisecond)
+	slow := b.middleware(t, idempotency.Config{LiveTTL: time.Hour, Now: func() time.Time { return time.Now().Add(-2 * time.Hour) }}).Wrap(h)
+
+	// WHEN it is retried THEN it is answered as expired, as the archive
+	// will answer it once swept
+	late := post(slow, "ended", `{}`)
+	require.Equal(t, http.StatusConflict, late.Code)
+	require.Equal(t, "idempotency_key_expired", problemOf(t, late)["code"])
+	require.EqualValues(t, 2, h.calls.Load(), "each request ran once")
+}

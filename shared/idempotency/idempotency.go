@@ -114,6 +114,21 @@ type Entry struct {
 	ResourceID  *string
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
+	// WindowEnded, when not nil, is the store's own verdict on whether
+	// ExpiresAt has passed, by the clock that set it (the database's, for
+	// the Postgres store). The middleware trusts it over its own clock,
+	// which may run ahead (an in-flight request answered "expired, never
+	// completed" while it runs) or behind.
+	WindowEnded *bool
+}
+
+// windowEnded reports whether e's live window has ended: by the store's
+// verdict when it gave one, else by the middleware's clock.
+func (m *Middleware) windowEnded(e Entry) bool {
+	if e.WindowEnded != nil {
+		return *e.WindowEnded
+	}
+	return !e.ExpiresAt.IsZero() && !m.cfg.Now().Before(e.ExpiresAt)
 }
 
 // Completion is what the middleware records when a request completes.
@@ -665,7 +680,7 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 	switch {
 	case !bytes.Equal(e.Fingerprint, fp):
 		m.problem(w, r, http.StatusUnprocessableEntity, "idempotency_key_reused", "this key was already used for a different request", nil)
-	case !e.ExpiresAt.IsZero() && !m.cfg.Now().Before(e.ExpiresAt):
+	case m.windowEnded(e):
 		// Expired but not yet swept into the archive: the same answer the
 		// archive would give.
 		status := e.Status

@@ -141,9 +141,11 @@ SELECT lease.live, ahead.ahead, ins.created_at, ins.expires_at,
                        <= clock_timestamp() + $6 * interval '1 millisecond')))
   FROM lease CROSS JOIN ahead LEFT JOIN ins ON true`
 
+	// pgGetSQL reads an entry, and whether its window has ended by the
+	// database's clock, the one that set expires_at.
 	pgGetSQL = `
 SELECT fingerprint, state, coalesce(status_code, 0), coalesce(response_raw, convert_to(response::text, 'UTF8')),
-       coalesce(content_type, ''), resource_id, created_at, expires_at
+       coalesce(content_type, ''), resource_id, created_at, expires_at, expires_at <= now()
   FROM idempotency_keys
  WHERE scoped_key = $1`
 
@@ -368,13 +370,23 @@ func prepare(ctx context.Context, conn *pgx.Conn, sql string) (string, error) {
 	return sd.Name, nil
 }
 
+// finite is ts's time, or the zero time for an infinite one.
+func finite(ts pgtype.Timestamptz) time.Time {
+	if ts.InfinityModifier != pgtype.Finite {
+		return time.Time{}
+	}
+	return ts.Time
+}
+
 func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, error) {
 	var e idempotency.Entry
 	var state string
 	var status int16
 	var response []byte
+	var created, expires pgtype.Timestamptz
+	var ended bool
 	err := p.queryRow(ctx, func(row pgx.Row) error {
-		return row.Scan(&e.Fingerprint, &state, &status, &response, &e.ContentType, &e.ResourceID, &e.CreatedAt, &e.ExpiresAt)
+		return row.Scan(&e.Fingerprint, &state, &status, &response, &e.ContentType, &e.ResourceID, &created, &expires, &ended)
 	}, pgGetSQL, key)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -387,6 +399,9 @@ func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, erro
 		e.State = idempotency.Completed
 	}
 	e.Body = response
+	// An infinite time (a row written by hand) is the zero time, which
+	// answers write as null; whether the window ended is ended's to say.
+	e.CreatedAt, e.ExpiresAt, e.WindowEnded = finite(created), finite(expires), &ended
 	return e, nil
 }
 

@@ -208,3 +208,22 @@ func TestAPreparationWaitingOnALockEndsWithTheRequest(t *testing.T) {
 		})
 	}
 }
+
+// A live row written by hand with created_at '-infinity' is read like any
+// other: its time unknown (zero), its window ended by the database's clock.
+func TestALiveRowWithAnInfiniteCreationIsRead(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	ctx, fp := context.Background(), dbtest.Fingerprint("idem:v1:hand")
+	_, err := db.Pool.Exec(ctx, `INSERT INTO idempotency_keys (scoped_key, fingerprint, state, status_code, created_at, expires_at, skew_ms)
+		VALUES ('idem:v1:hand', $1, 'completed', 201, '-infinity', now() - interval '1 minute', 0)`, fp)
+	require.NoError(t, err)
+	reg, err := NewPostgres(db.Pool).Register(ctx, idempotency.Registering{Key: "idem:v1:hand", Fingerprint: fp, TTL: time.Hour})
+	require.NoError(t, err)
+	require.False(t, reg.Fresh)
+	require.True(t, reg.Entry.CreatedAt.IsZero())
+	require.NotNil(t, reg.Entry.WindowEnded)
+	require.True(t, *reg.Entry.WindowEnded)
+	require.Equal(t, 201, reg.Entry.Status)
+}
