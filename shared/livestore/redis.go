@@ -22,9 +22,12 @@ import (
 // Redis entry marked completed second: a crash between the two leaves the key
 // in flight in Redis until it expires — retries get 409 in flight, then 409
 // expired from the archive — and never a completed key without an archive row.
-// If the archive row cannot be written at all, the hash is completed without
-// an expiry instead, so that the key keeps replaying rather than ever running
-// twice; the error is returned for the operator to reconcile. An in-flight
+// The archive row is written before Redis is even read, so an outcome is
+// archived whatever Redis answers. If the archive row cannot be written,
+// the hash is completed without an expiry instead, so that the key keeps
+// replaying rather than ever running twice, and the error is returned: the
+// middleware's next attempt writes the row and gives the hash its expiry
+// back; after the last, the operator reconciles it. An in-flight
 // hash is kept inFlightGrace past its window, so a request that outlives the
 // TTL still archives its outcome; one that never completes (a crashed
 // process) is not archived, and its key may run again after the grace.
@@ -105,6 +108,16 @@ else
   redis.call('PEXPIRE', KEYS[1], ARGV[8])
 end
 return 1`)
+
+	// redisExpireArchived gives a completed hash kept without expiry (its
+	// archive row could not be written then) its expiry back, once its
+	// request's later attempt has written the row.
+	redisExpireArchived = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'state') == 'completed' and (redis.call('HGET', KEYS[1], 'reg') or '') == ARGV[1]
+   and redis.call('PTTL', KEYS[1]) == -1 then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0`)
 
 	redisRelease = redis.NewScript(`
 if redis.call('HGET', KEYS[1], 'state') == 'in_flight' and redis.call('HGET', KEYS[1], 'fp') == ARGV[1]
@@ -190,26 +203,54 @@ VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (scoped_key, expired_at) DO NOTHING`
 
 // Complete writes the archive row, then marks the hash completed (see Redis).
+//
+// The archive row comes first, from the registration's times (the same
+// milliseconds the hash holds), before Redis is read: the operation ran, so
+// its outcome must outlive the hash whatever Redis answers, or fails to
+// (an outage through every attempt, a failover to a replica that never got
+// the hash). Writing it again is harmless (ON CONFLICT DO NOTHING: the same
+// key and expiry). Only a caller that did not say when it registered
+// (Completion.ExpiresAt zero) has it written from the hash's times.
 func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completion) error {
+	var archiveErr error
+	if !c.ExpiresAt.IsZero() {
+		_, archiveErr = s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, c.CreatedAt, c.ExpiresAt)
+	}
 	h, err := s.client.HGetAll(ctx, s.prefix+key).Result()
 	if err != nil {
-		return fmt.Errorf("complete idempotency key: %w", err)
+		if archiveErr != nil {
+			return fmt.Errorf("complete idempotency key: archive: %w; redis: %w", archiveErr, err)
+		}
+		return fmt.Errorf("complete idempotency key (its outcome is archived): %w", err)
 	}
 	e := entryFromHash(h)
 	switch {
 	case len(h) > 0 && h["reg"] == string(c.Token) && len(c.Token) > 0 && e.State != idempotency.InFlight:
 		// This request's own entry, completed by an earlier attempt whose
-		// reply was lost.
+		// reply was lost, or whose archive row could not be written then
+		// (the hash was kept without expiry): now that the row exists, the
+		// hash may expire with its window.
+		if archiveErr != nil {
+			return fmt.Errorf("archive idempotency key at completion (the key is kept in Redis without expiry until archived): %w", archiveErr)
+		}
+		if !c.ExpiresAt.IsZero() {
+			if err := redisExpireArchived.Run(ctx, s.client, []string{s.prefix + key}, c.Token, s.remaining(e.ExpiresAt)).Err(); err != nil {
+				return fmt.Errorf("complete idempotency key (its outcome is archived): give its hash back its expiry: %w", err)
+			}
+		}
 		return ErrNotInFlight
 	case len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) || h["reg"] != string(c.Token):
 		// Not this request's entry: it was lost, and maybe another request
 		// registered the key since. The operation ran all the same.
-		return s.completeLost(ctx, key, c)
+		return completeLost(c, archiveErr)
 	}
-	_, archiveErr := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt)
+	if c.ExpiresAt.IsZero() {
+		_, archiveErr = s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt)
+	}
 	// Without its archive row the key must never be forgotten, or a retry
 	// after the window would run the operation again: complete it and drop
-	// its expiry, so it replays until someone reconciles it.
+	// its expiry, so it replays until an attempt archives it (or someone
+	// reconciles it).
 	persist := "0"
 	if archiveErr != nil {
 		persist = "1"
@@ -218,10 +259,7 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	if c.ResourceID != nil {
 		rid, hasRID = *c.ResourceID, "1"
 	}
-	// The completed hash lives to the end of its window (by this process's
-	// clock, as the window was set), at least a second.
-	remaining := max(time.Second, e.ExpiresAt.Sub(s.now())).Milliseconds()
-	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID, persist, remaining, c.Token).Int()
+	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID, persist, s.remaining(e.ExpiresAt), c.Token).Int()
 	switch {
 	case archiveErr != nil:
 		return fmt.Errorf("archive idempotency key at completion (the key is kept in Redis without expiry until archived): %w", archiveErr)
@@ -233,23 +271,29 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	return nil
 }
 
-// completeLost records the outcome of a request whose hash is gone (evicted,
-// flushed, a failover to a replica that had not received it, or expired
-// after a request that outlived its window by inFlightGrace), or was
+// remaining is how long a completed hash lives: to the end of its window
+// (by this process's clock, as the window was set), at least a second, in
+// milliseconds.
+func (s *Redis) remaining(expires time.Time) int64 {
+	return max(time.Second, expires.Sub(s.now())).Milliseconds()
+}
+
+// completeLost answers the completion of a request whose hash is gone
+// (evicted, flushed, a failover to a replica that had not received it, or
+// expired after a request that outlived its window by inFlightGrace), or was
 // replaced by another request's registration of the key since: the
-// operation ran, so its archive row is written from the registration's
-// times, and a retry that finds no hash, or finds the other registration
-// released, is answered from the archive (a completion-archiving store's
-// fresh keys are always looked up) instead of running again. Writing the row
-// twice is harmless (ON CONFLICT DO NOTHING: the same key and expiry). It
-// reports ErrNotInFlight, the live entry not being this request's, once the
-// row is written.
-func (s *Redis) completeLost(ctx context.Context, key string, c idempotency.Completion) error {
-	if c.ExpiresAt.IsZero() {
+// operation ran, and its archive row, written from the registration's
+// times before Redis was read (archiveErr says how that went), answers a
+// retry that finds no hash, or finds the other registration released (a
+// completion-archiving store's fresh keys are always looked up), instead of
+// running it again. It reports ErrNotInFlight, the live entry not being
+// this request's, once the row is written.
+func completeLost(c idempotency.Completion, archiveErr error) error {
+	switch {
+	case c.ExpiresAt.IsZero():
 		return ErrNotInFlight // a caller that did not say when it registered
-	}
-	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, c.CreatedAt, c.ExpiresAt); err != nil {
-		return fmt.Errorf("archive idempotency key at completion, its Redis entry lost: %w", err)
+	case archiveErr != nil:
+		return fmt.Errorf("archive idempotency key at completion, its Redis entry lost: %w", archiveErr)
 	}
 	return fmt.Errorf("%w: its Redis entry was lost before completion (or replaced by another registration of the key); the outcome is archived, and retries are answered from the archive", ErrNotInFlight)
 }
