@@ -98,7 +98,7 @@ func setup(t *testing.T) bundle {
 			return
 		}
 		defer conn.Close(ctx)
-		for _, u := range []string{users.Sweeper, users.Reader, users.Owner} {
+		for _, u := range []string{users.Sweeper, users.Reader, users.Owner, users.Writer} {
 			id := pgx.Identifier{u}.Sanitize()
 			_, _ = conn.Exec(ctx, "DROP OWNED BY "+id)
 			_, _ = conn.Exec(ctx, "DROP ROLE IF EXISTS "+id)

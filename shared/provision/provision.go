@@ -154,6 +154,13 @@ SELECT true, r.rolcanlogin,
 
 // ensureUsers creates each named user (WITH LOGIN, no password) and grants it
 // its group role, and rds_iam where that exists.
+// directMemberSQL says whether role $2 is a direct member of role $1.
+const directMemberSQL = `
+SELECT EXISTS (SELECT 1 FROM pg_auth_members m
+                 JOIN pg_roles r ON r.oid = m.roleid
+                 JOIN pg_roles u ON u.oid = m.member
+                WHERE r.rolname = $1 AND u.rolname = $2)`
+
 func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, mayCreateRoles bool, logger *slog.Logger) ([]User, error) {
 	wanted := []User{{Name: users.Sweeper, Role: schema.SweeperRole}, {Name: users.Reader, Role: schema.ReaderRole}, {Name: users.Owner, Role: schema.OwnerRole},
 		{Name: users.Writer, Role: schema.WriterRole}}
@@ -201,6 +208,24 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, mayCreateRole
 			}
 			if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+ident); err != nil {
 				return fmt.Errorf("grant %s to %s: %w", u.Role, u.Name, err)
+			}
+			// A user keeps no other project role: an Update that moves a
+			// name from one function to another (swapped names, a rename
+			// that reuses one) must not leave the reader's user able to
+			// delete live keys, or any user able to run DDL.
+			for _, other := range wanted {
+				if other.Role == u.Role {
+					continue
+				}
+				var member bool
+				if err := tx.QueryRow(ctx, directMemberSQL, other.Role, u.Name).Scan(&member); err != nil {
+					return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+				}
+				if member {
+					if _, err := tx.Exec(ctx, "REVOKE "+pgx.Identifier{other.Role}.Sanitize()+" FROM "+ident); err != nil {
+						return fmt.Errorf("revoke %s from %s: %w", other.Role, u.Name, err)
+					}
+				}
 			}
 			if iam {
 				if _, err := tx.Exec(ctx, "GRANT "+IAMRole+" TO "+ident); err != nil {
