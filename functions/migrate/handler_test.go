@@ -154,6 +154,18 @@ func count(t *testing.T, b bundle, sql string, args ...any) int64 {
 	return dbtest.Count(t, b.db.Pool, sql, args...)
 }
 
+// update is the sample Create event as an Update of the deployed resource,
+// its properties changed by mutate.
+func (b bundle) update(t *testing.T, mutate func(map[string]any)) []byte {
+	t.Helper()
+	var ev map[string]any
+	require.NoError(t, json.Unmarshal(b.event(t, "migrate-cfn-create.json", mutate), &ev))
+	ev["RequestType"], ev["PhysicalResourceId"] = "Update", PhysicalID
+	out, err := json.Marshal(ev)
+	require.NoError(t, err)
+	return out
+}
+
 func memberOf(t *testing.T, b bundle, user, role string) bool {
 	t.Helper()
 	return count(t, b, "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles u ON u.oid = m.member WHERE r.rolname = $1 AND u.rolname = $2", role, user) == 1
@@ -205,12 +217,7 @@ func TestCreateMigratesCreatesUsersAndPartitions(t *testing.T) {
 	require.NoError(t, err)
 
 	// WHEN the next deploy sends an Update
-	update := b.event(t, "migrate-cfn-create.json", func(props map[string]any) { props["PackageSha256"] = strings.Repeat("ab", 32) })
-	var ev map[string]any
-	require.NoError(t, json.Unmarshal(update, &ev))
-	ev["RequestType"], ev["PhysicalResourceId"] = "Update", PhysicalID
-	update, _ = json.Marshal(ev)
-	resp = b.invoke(update)
+	resp = b.invoke(b.update(t, func(props map[string]any) { props["PackageSha256"] = strings.Repeat("ab", 32) }))
 	// THEN it succeeds and has nothing left to do
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 	require.EqualValues(t, 0, resp.Data["PartitionsCreated"])

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/cfn"
@@ -25,15 +24,10 @@ func TestAnUpdateThatMovesUserNamesRevokesTheirOldRoles(t *testing.T) {
 
 	// WHEN an Update swaps the sweeper's and the reader's users, and gives
 	// the writer's name to the owner and the owner's to the writer
-	update := b.event(t, "migrate-cfn-create.json", func(props map[string]any) {
+	resp = b.invoke(b.update(t, func(props map[string]any) {
 		props["SweeperUser"], props["ReaderUser"] = b.users.Reader, b.users.Sweeper
 		props["OwnerUser"], props["WriterUser"] = b.users.Writer, b.users.Owner
-	})
-	var ev map[string]any
-	require.NoError(t, json.Unmarshal(update, &ev))
-	ev["RequestType"], ev["PhysicalResourceId"] = "Update", PhysicalID
-	update, _ = json.Marshal(ev)
-	resp = b.invoke(update)
+	}))
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 
 	// THEN each user holds exactly its new role
