@@ -68,8 +68,7 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
 		}
 		var r lookupapi.Response
-		rawQuery, _ := url.ParseQuery(ev.RawQueryString) // what parses: the counts
-		if name, ok := repeated(rawQuery); ok {
+		if name, ok := repeated(names(ev.RawQueryString)); ok {
 			r = h.api.ErrorResponse(ctx, badPayload(repeatedError(name)), requestID)
 		} else if functionURL(ev.RequestContext.DomainName) {
 			// Function URLs deliver rawPath as the client sent it.
@@ -119,6 +118,25 @@ func repeated(query map[string][]string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// names returns the parameter names of a raw query string, each with one
+// entry per time it is given. Every '&'-separated pair counts, whatever
+// url.ParseQuery would make of it (it skips a pair with ';' or a bad
+// escape): a name that does not unescape counts as written.
+func names(rawQuery string) map[string][]string {
+	out := map[string][]string{}
+	for pair := range strings.SplitSeq(rawQuery, "&") {
+		if pair == "" {
+			continue
+		}
+		name, _, _ := strings.Cut(pair, "=")
+		if unescaped, err := url.QueryUnescape(name); err == nil {
+			name = unescaped
+		}
+		out[name] = append(out[name], "")
+	}
+	return out
 }
 
 func repeatedError(name string) error {

@@ -94,6 +94,18 @@ func TestARepeatedQueryParameterIsRefused(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b.invoke(t, payload), &restResp))
 	require.Equal(t, 400, restResp.StatusCode, restResp.Body)
 
+	// Pairs that do not parse as a query (a ';', a bad escape) still count.
+	for raw, joined := range map[string]string{
+		"scoped_key=idem%3Av1%3Aprobe&scoped_key=idem%3Av1%3Aother;x": "idem:v1:probe,idem:v1:other;x",
+		"scoped_key=idem%3Av1%3Aprobe&scoped_key=idem%3Av1%3A%zz":     "idem:v1:probe,idem:v1:%zz",
+		"scoped_key=idem%3Av1%3Aprobe&scoped%5Fkey=idem%3Av1%3Aother": "idem:v1:probe,idem:v1:other",
+	} {
+		ev.RawQueryString, ev.QueryStringParameters = raw, map[string]string{"scoped_key": joined}
+		payload, _ = json.Marshal(ev)
+		require.NoError(t, json.Unmarshal(b.invoke(t, payload), &resp))
+		require.Equal(t, 400, resp.StatusCode, "%s: %s", raw, resp.Body)
+	}
+
 	// Once each, the same parameters answer.
 	ev.RawQueryString = "scoped_key=idem%3Av1%3Aprobe"
 	ev.QueryStringParameters = map[string]string{"scoped_key": "idem:v1:probe"}

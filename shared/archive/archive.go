@@ -637,7 +637,9 @@ func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
 		}
 		return writersView{}, fmt.Errorf("read the writers' clock skews: %w", timeoutError(ctx, err))
 	}
-	w = writersView{reach: -1, maxTTL: time.Duration(ttlMS) * time.Millisecond}
+	// A TTL past maxRecordedTTL (written by hand) would overflow a
+	// Duration; it reads as that long, which reaches every partition.
+	w = writersView{reach: -1, maxTTL: time.Duration(min(ttlMS, maxRecordedTTL.Milliseconds())) * time.Millisecond}
 	if ms != nil {
 		w.reach = max(keytime.MaxClockSkew, time.Duration(*ms)*time.Millisecond)
 		w.sweptOnly = !atCompletion
@@ -648,6 +650,9 @@ func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
 	r.mu.Unlock()
 	return w, nil
 }
+
+// maxRecordedTTL caps the TTL read from idempotency_writers: 200 years.
+const maxRecordedTTL = 200 * 365 * 24 * time.Hour
 
 // forgetWriters makes the next lookup read idempotency_writers again.
 func (r *Reader) forgetWriters() {
@@ -707,10 +712,27 @@ SELECT scoped_key, status_code, resource_id, created_at, expired_at
  ORDER BY scoped_key, expired_at
  LIMIT $9`
 
+// cursor is where a page ended: its last row's key and expiry.
 type cursor struct {
-	Key       string    `json:"k"`
-	ExpiredAt time.Time `json:"e"`
+	Key       string
+	ExpiredAt time.Time
 }
+
+// cursorJSON is a cursor as issued: the expiry in microseconds since 1970,
+// PostgreSQL's precision, which holds any year a row can have (RFC 3339
+// cannot write a year outside 0-9999, and a row written by hand may have
+// one). Cursors issued before carry it as RFC 3339 instead ("e").
+type cursorJSON struct {
+	Key    string     `json:"k"`
+	Micros *int64     `json:"u,omitempty"`
+	RFC    *time.Time `json:"e,omitempty"`
+}
+
+// Timestamps PostgreSQL holds: 4713 BC to 294276 AD.
+var (
+	minCursorTime = time.Date(-4712, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxCursorTime = time.Date(294276, 12, 31, 0, 0, 0, 0, time.UTC)
+)
 
 // Investigate returns one page of archived keys under q.ScopePrefix created
 // within [q.CreatedFrom, q.CreatedTo).
@@ -719,11 +741,13 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	// A writer on record with a TTL longer than MaxLiveTTL (a setting left
 	// behind when a TTL was raised) widens the expiries read, so that its
 	// rows are not silently left out.
-	ttl := r.cfg.MaxLiveTTL
-	if w, err := r.readWriters(ctx); err == nil {
-		ttl = max(ttl, w.maxTTL)
+	// Writers that cannot be read fail the query rather than narrow it
+	// silently; a schema or role without the table reads MaxLiveTTL alone.
+	w, err := r.readWriters(ctx)
+	if err != nil {
+		return page, fmt.Errorf("archive investigation query: %w", err)
 	}
-	args, limit, err := r.queryArgs(q, ttl)
+	args, limit, err := r.queryArgs(q, max(r.cfg.MaxLiveTTL, w.maxTTL))
 	if err != nil {
 		return page, err
 	}
@@ -808,20 +832,30 @@ func ceilMicrosecond(t time.Time) time.Time {
 }
 
 func encodeCursor(c cursor) string {
-	b, _ := json.Marshal(c)
+	micros := c.ExpiredAt.UnixMicro()
+	b, _ := json.Marshal(cursorJSON{Key: c.Key, Micros: &micros}) // a string and an int: never fails
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
 func decodeCursor(s string) (cursor, error) {
-	var c cursor
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil || len(b) > 4*MaxScopedKeyBytes {
-		return c, ErrInvalidCursor
+		return cursor{}, ErrInvalidCursor
 	}
+	var j cursorJSON
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil || c.Key == "" || c.ExpiredAt.IsZero() || !utf8.ValidString(c.Key) || strings.IndexByte(c.Key, 0) >= 0 {
-		return c, ErrInvalidCursor
+	if err := dec.Decode(&j); err != nil || j.Key == "" || !utf8.ValidString(j.Key) || strings.IndexByte(j.Key, 0) >= 0 || (j.Micros == nil) == (j.RFC == nil) {
+		return cursor{}, ErrInvalidCursor
+	}
+	c := cursor{Key: j.Key}
+	if j.Micros != nil {
+		c.ExpiredAt = time.UnixMicro(*j.Micros).UTC()
+	} else {
+		c.ExpiredAt = j.RFC.UTC().Truncate(time.Microsecond)
+	}
+	if c.ExpiredAt.Before(minCursorTime) || c.ExpiredAt.After(maxCursorTime) {
+		return cursor{}, ErrInvalidCursor
 	}
 	return c, nil
 }

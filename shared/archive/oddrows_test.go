@@ -2,6 +2,7 @@ package archive_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"testing"
 	"time"
@@ -133,4 +134,57 @@ func TestAnInvestigationReadsAsFarAsTheLongestTTLOnRecord(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Records, 1)
 	require.Equal(t, "idem:v1:long-lived", page.Records[0].ScopedKey)
+
+	// AND while the writers cannot be read (a migration holds them), the
+	// query fails as timed out rather than answer a narrower page
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_writers IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	r, err := archive.NewReader(b.reader, archive.Config{Now: func() time.Time { return now }, StatementTimeout: 300 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	_, err = r.Investigate(ctx, q)
+	require.ErrorIs(t, err, archive.ErrTimeout)
+}
+
+// A page that ends on a row JSON's RFC 3339 cannot write (a BC expiry, in a
+// partition made by hand) still says where the next page starts, and the
+// next page goes on from it.
+func TestAPageEndingOnABCExpiryHasANextCursor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.db.Pool.Exec(ctx, `CREATE TABLE archive_bc PARTITION OF idempotency_key_archive
+		FOR VALUES FROM ('0002-12-01 00:00:00+00 BC') TO ('0001-01-01 00:00:00+00 BC')`)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive
+		(scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:bc-1', '\x00', 201, 'ch_1', '0002-12-31 11:00:00+00 BC', '0002-12-31 12:00:00+00 BC'),
+		       ('idem:v1:bc-2', '\x00', 201, 'ch_2', '0002-12-31 11:00:00+00 BC', '0002-12-31 12:00:00+00 BC')`)
+	require.NoError(t, err)
+	q := archive.Query{ScopePrefix: "idem:v1:", CreatedFrom: time.Date(-1, 12, 1, 0, 0, 0, 0, time.UTC), CreatedTo: time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), Limit: 1}
+	r := newReader(t, b.reader, nil)
+	var keys []string
+	for range 3 {
+		page, err := r.Investigate(ctx, q)
+		require.NoError(t, err)
+		for _, rec := range page.Records {
+			keys = append(keys, rec.ScopedKey)
+		}
+		if page.NextCursor == "" {
+			break
+		}
+		q.Cursor = page.NextCursor
+	}
+	require.Equal(t, []string{"idem:v1:bc-1", "idem:v1:bc-2"}, keys)
+
+	// A cursor issued before, its expiry as RFC 3339, still goes on; one
+	// past PostgreSQL's range is refused as invalid, not a database error.
+	old := base64.RawURLEncoding.EncodeToString([]byte(`{"k":"idem:v1:bc-1","e":"2026-11-10T10:00:00Z"}`))
+	_, err = r.Investigate(ctx, archive.Query{ScopePrefix: "idem:v1:", CreatedFrom: q.CreatedFrom, CreatedTo: q.CreatedTo, Cursor: old})
+	require.NoError(t, err)
+	far := base64.RawURLEncoding.EncodeToString([]byte(`{"k":"idem:v1:bc-1","u":-9223372036854775808}`))
+	_, err = r.Investigate(ctx, archive.Query{ScopePrefix: "idem:v1:", CreatedFrom: q.CreatedFrom, CreatedTo: q.CreatedTo, Cursor: far})
+	require.ErrorIs(t, err, archive.ErrInvalidCursor)
 }

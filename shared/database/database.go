@@ -115,10 +115,14 @@ func (c Config) PoolConfig() (*pgxpool.Config, error) {
 	if err != nil {
 		return nil, errors.New("database URL is not a valid PostgreSQL connection string")
 	}
-	if strings.Contains(connString, "pool_max_conns") {
-		// The pool's size is MaxConns (DATABASE_MAX_CONNS), which would
-		// silently override it.
-		return nil, errors.New("database URL sets pool_max_conns: set DATABASE_MAX_CONNS instead")
+	// The pool's size is MaxConns (DATABASE_MAX_CONNS), which would
+	// silently override a size in the URL. Asked of the parser (pgxpool
+	// takes the setting out of what it returns), so that an encoded name
+	// counts and the text in a password does not.
+	if cc, err := pgconn.ParseConfig(connString); err == nil {
+		if _, ok := cc.RuntimeParams["pool_max_conns"]; ok {
+			return nil, errors.New("database URL sets pool_max_conns: set DATABASE_MAX_CONNS instead")
+		}
 	}
 	if c.URL != "" && !c.InsecureTLS {
 		if host, ok := everyHostVerified(cfg.ConnConfig); !ok {

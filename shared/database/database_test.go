@@ -161,14 +161,21 @@ func TestAPoolSizeInTheURLIsRefused(t *testing.T) {
 	t.Parallel()
 	for _, u := range []string{
 		"postgres://u:secret@127.0.0.1/db?pool_max_conns=10",
+		"postgres://u:secret@127.0.0.1/db?pool%5Fmax%5Fconns=10",
 		"host=127.0.0.1 user=u password=secret pool_max_conns=10",
 	} {
 		_, err := database.Config{URL: u}.PoolConfig()
 		require.ErrorContains(t, err, "DATABASE_MAX_CONNS", u)
 		require.NotContains(t, err.Error(), "secret")
 	}
-	_, err := database.Config{URL: "postgres://u:secret@127.0.0.1/db?pool_min_conns=1"}.PoolConfig()
-	require.NoError(t, err)
+	// The text elsewhere is no pool size.
+	for _, u := range []string{
+		"postgres://u:secret@127.0.0.1/db?pool_min_conns=1",
+		"postgres://u:pool_max_conns@127.0.0.1/db?application_name=pool_max_conns",
+	} {
+		_, err := database.Config{URL: u}.PoolConfig()
+		require.NoError(t, err, u)
+	}
 }
 
 // fakeSecret is the value a fake Secrets Manager serves; set rotates it.

@@ -320,14 +320,14 @@ func (p *Postgres) insert(ctx context.Context, scan func(pgx.Row) error, sql str
 	defer conn.Release()
 	settings, statement := registerSettingsSQL, sql
 	if prepares(conn.Conn().Config().DefaultQueryExecMode) {
-		if settings, err = prepare(ctx, conn.Conn(), registerSettingsSQL); err == nil {
-			statement, err = prepare(ctx, conn.Conn(), sql)
+		// At most registerTimeout, even for a request without a deadline.
+		pctx, cancel := context.WithTimeout(ctx, registerTimeout)
+		if settings, err = prepare(pctx, conn.Conn(), registerSettingsSQL); err == nil {
+			statement, err = prepare(pctx, conn.Conn(), sql)
 		}
+		cancel()
 		if err != nil {
-			if ctx.Err() != nil {
-				return notSent(err)
-			}
-			return err
+			return notSent(err) // a Parse registers nothing
 		}
 	}
 	timeout := registerTimeout

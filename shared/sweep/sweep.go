@@ -98,20 +98,23 @@ SELECT count(*) FROM (
         OR ($2 AND expires_at < now() AND octet_length(scoped_key) > 2000)
      LIMIT $1) s`
 
-// backlogMonthsSQL lists every UTC month the expired backlog falls in, with
-// one probe of the expiry index per month. Not only the months of the oldest
-// rows: a batch skips rows other sweepers or completions hold locked, so the
-// rows it failed on can lie in any month of the backlog.
+// backlogMonthsSQL lists every UTC month the expired backlog a batch can
+// claim falls in (batch.sql's conditions), with one probe of the expiry index
+// per month. Not only the months of the oldest rows: a batch skips rows
+// other sweepers or completions hold locked, so the rows it failed on can lie
+// in any month of the backlog. A month holding only rows no batch claims
+// needs no partition.
 const backlogMonthsSQL = `
 WITH RECURSIVE months (m) AS (
     SELECT date_trunc('month', min(expires_at) AT TIME ZONE 'UTC')
       FROM idempotency_keys
      WHERE expires_at < now() AND expires_at >= '0001-01-01 00:00:00+00'
+       AND octet_length(scoped_key) <= 2000
     UNION ALL
     SELECT (SELECT date_trunc('month', min(k.expires_at) AT TIME ZONE 'UTC')
               FROM idempotency_keys k
              WHERE k.expires_at >= (months.m + interval '1 month') AT TIME ZONE 'UTC'
-               AND k.expires_at < now())
+               AND k.expires_at < now() AND octet_length(k.scoped_key) <= 2000)
       FROM months
      WHERE months.m IS NOT NULL
 )

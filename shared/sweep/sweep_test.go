@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -915,4 +916,30 @@ func TestKeysTooLongForTheArchiveDoNotStallTheSweep(t *testing.T) {
 	require.EqualValues(t, 1, res.Unarchivable)
 	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys WHERE scoped_key = $1", longest), "never lost")
 	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", atLimit))
+}
+
+// A month holding only keys no batch claims (over 2,000 bytes) gets no
+// partition: the sweeper creates the months of what it can move, and a
+// month it could not create (a hand-made partition overlaps it) does not
+// hold back the rows of the others.
+func TestAMonthOfUnclaimableKeysOnlyGetsNoPartition(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	old, recent := partition.MonthStart(now).AddDate(-2, 0, 0), partition.MonthStart(now).AddDate(-1, 0, 0)
+	long := "idem:v1:" + strings.Repeat("x", 2100)
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: long, Status: 201, ExpiresAt: old.Add(6 * 24 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:ordinary", Status: 201, ExpiresAt: recent.Add(6 * 24 * time.Hour)},
+	)
+	_, err := b.db.Pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE hand_made PARTITION OF idempotency_key_archive FOR VALUES FROM ('%s') TO ('%s')`,
+		old.Add(15*24*time.Hour).Format(time.RFC3339), old.AddDate(0, 1, 15).Format(time.RFC3339)))
+	require.NoError(t, err)
+
+	res, err := newSweeper(t, b.db.Pool, sweep.Config{}, b.parts, nil).Run(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Moved, "the ordinary row")
+	require.Equal(t, []string{partition.Name(recent)}, res.PartitionsCreated)
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys WHERE scoped_key = $1", long), "never lost")
 }
