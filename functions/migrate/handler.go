@@ -91,6 +91,7 @@ func (h *handler) Handle(ctx context.Context, ev cfn.Event) (physicalID string, 
 	}
 	res, err := provision.Run(ctx, pool, provision.Config{
 		Users:      provision.Users{Sweeper: props.SweeperUser, Reader: props.ReaderUser, Owner: props.OwnerUser, Writer: props.WriterUser},
+		Previous:   previousUsers(ev),
 		Partitions: h.env.Settings.Partitions,
 	}, log, h.env.Metrics)
 	if errors.Is(err, schema.ErrSchemaAhead) && ev.RequestType == cfn.RequestUpdate {
@@ -116,6 +117,20 @@ func (h *handler) Handle(ctx context.Context, ev cfn.Event) (physicalID string, 
 
 // decode reads the properties, refusing names it does not know so that a
 // misspelt user property fails the deploy instead of creating no user.
+// previousUsers are the users an Update's old properties named, read
+// leniently (an older package may have sent other properties): a name
+// that is not a string names no one.
+func previousUsers(ev cfn.Event) provision.Users {
+	if ev.RequestType != cfn.RequestUpdate {
+		return provision.Users{}
+	}
+	name := func(k string) string {
+		s, _ := ev.OldResourceProperties[k].(string)
+		return s
+	}
+	return provision.Users{Sweeper: name("SweeperUser"), Reader: name("ReaderUser"), Owner: name("OwnerUser"), Writer: name("WriterUser")}
+}
+
 func decode(raw map[string]any) (properties, error) {
 	var p properties
 	known := slices.Concat([]string{"SweeperUser", "ReaderUser", "OwnerUser", "WriterUser"}, triggers, readByCloudFormation)

@@ -154,13 +154,15 @@ func count(t *testing.T, b bundle, sql string, args ...any) int64 {
 	return dbtest.Count(t, b.db.Pool, sql, args...)
 }
 
-// update is the sample Create event as an Update of the deployed resource,
-// its properties changed by mutate.
+// update is the sample Create event as an Update of the resource that event
+// created, its properties changed by mutate.
 func (b bundle) update(t *testing.T, mutate func(map[string]any)) []byte {
 	t.Helper()
-	var ev map[string]any
+	var ev, created map[string]any
 	require.NoError(t, json.Unmarshal(b.event(t, "migrate-cfn-create.json", mutate), &ev))
+	require.NoError(t, json.Unmarshal(b.event(t, "migrate-cfn-create.json", nil), &created))
 	ev["RequestType"], ev["PhysicalResourceId"] = "Update", PhysicalID
+	ev["OldResourceProperties"] = created["ResourceProperties"]
 	out, err := json.Marshal(ev)
 	require.NoError(t, err)
 	return out

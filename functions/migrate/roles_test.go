@@ -44,3 +44,21 @@ func TestAnUpdateThatMovesUserNamesRevokesTheirOldRoles(t *testing.T) {
 	_, err := reader.Exec(context.Background(), "DELETE FROM idempotency_keys")
 	require.Error(t, err)
 }
+
+// A role the deploy never gave a name is left alone: an API that reads the
+// archive with its live store's user (examples/charges does) holds
+// idempotency_reader by an operator's grant, and a redeploy must not take
+// it away (every archive lookup would fail).
+func TestARedeployKeepsARoleGrantedByHand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp := b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	_, err := b.db.Pool.Exec(context.Background(), "GRANT "+schema.ReaderRole+" TO "+b.users.Writer)
+	require.NoError(t, err)
+
+	resp = b.invoke(b.update(t, nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	require.True(t, memberOf(t, b, b.users.Writer, schema.ReaderRole), "the operator's grant was revoked")
+	require.True(t, memberOf(t, b, b.users.Writer, schema.WriterRole))
+}

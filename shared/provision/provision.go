@@ -54,6 +54,11 @@ type Users struct {
 type Config struct {
 	// Users are the login users to create and grant. Default none.
 	Users Users
+	// Previous are the users the last run named (an Update's old
+	// properties). A name that held another function's role there loses
+	// it: swapping two functions' users must not leave either with the
+	// other's rights. Roles granted by hand are left alone.
+	Previous Users
 	// Partitions configures the partition run; see partition.Config.
 	Partitions partition.Config
 }
@@ -125,7 +130,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 	}
 	res.Schema, err = schema.Migrate(ctx, conn.Conn(), logger)
 	if err == nil {
-		res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, res.Schema.GrantsApplied, logger)
+		res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, cfg.Previous, res.Schema.GrantsApplied, logger)
 	}
 	conn.Release()
 	if err != nil {
@@ -154,6 +159,40 @@ SELECT true, r.rolcanlogin,
 
 // ensureUsers creates each named user (WITH LOGIN, no password) and grants it
 // its group role, and rds_iam where that exists.
+// revokeMoved revokes from u the role the previous run gave its name, when
+// that was another function's: an Update that moves a name from one
+// function to another (swapped names, a rename that reuses one) must not
+// leave the lookup function's user able to delete live keys, or another
+// function running DDL. A role the deploy never gave the name (an
+// operator's grant, as an API that reads the archive with its live store's
+// user needs) is left alone. The revoke is checked: on PostgreSQL 16 and
+// later it removes only the migrating user's own grant, and a membership
+// another role granted would stay.
+func revokeMoved(ctx context.Context, tx pgx.Tx, u User, previous Users) error {
+	for _, old := range previous.roles() {
+		if old.Name != u.Name || old.Role == u.Role {
+			continue
+		}
+		var member bool
+		if err := tx.QueryRow(ctx, directMemberSQL, old.Role, u.Name).Scan(&member); err != nil {
+			return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+		}
+		if !member {
+			continue
+		}
+		if _, err := tx.Exec(ctx, "REVOKE "+pgx.Identifier{old.Role}.Sanitize()+" FROM "+pgx.Identifier{u.Name}.Sanitize()); err != nil {
+			return fmt.Errorf("revoke %s from %s, whose name the previous deploy gave that role: %w", old.Role, u.Name, err)
+		}
+		if err := tx.QueryRow(ctx, directMemberSQL, old.Role, u.Name).Scan(&member); err != nil {
+			return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+		}
+		if member {
+			return fmt.Errorf("user %s is still a member of %s, which the previous deploy gave its name, after REVOKE (another role granted it): revoke it by hand, or choose another name", u.Name, old.Role)
+		}
+	}
+	return nil
+}
+
 // directMemberSQL says whether role $2 is a direct member of role $1.
 const directMemberSQL = `
 SELECT EXISTS (SELECT 1 FROM pg_auth_members m
@@ -161,9 +200,14 @@ SELECT EXISTS (SELECT 1 FROM pg_auth_members m
                  JOIN pg_roles u ON u.oid = m.member
                 WHERE r.rolname = $1 AND u.rolname = $2)`
 
-func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, mayCreateRoles bool, logger *slog.Logger) ([]User, error) {
-	wanted := []User{{Name: users.Sweeper, Role: schema.SweeperRole}, {Name: users.Reader, Role: schema.ReaderRole}, {Name: users.Owner, Role: schema.OwnerRole},
-		{Name: users.Writer, Role: schema.WriterRole}}
+// roles lists users' names with the role each is given.
+func (u Users) roles() []User {
+	return []User{{Name: u.Sweeper, Role: schema.SweeperRole}, {Name: u.Reader, Role: schema.ReaderRole}, {Name: u.Owner, Role: schema.OwnerRole},
+		{Name: u.Writer, Role: schema.WriterRole}}
+}
+
+func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, mayCreateRoles bool, logger *slog.Logger) ([]User, error) {
+	wanted := users.roles()
 	out := []User{}
 	if users == (Users{}) {
 		return out, nil
@@ -209,23 +253,8 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users Users, mayCreateRole
 			if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+ident); err != nil {
 				return fmt.Errorf("grant %s to %s: %w", u.Role, u.Name, err)
 			}
-			// A user keeps no other project role: an Update that moves a
-			// name from one function to another (swapped names, a rename
-			// that reuses one) must not leave the reader's user able to
-			// delete live keys, or any user able to run DDL.
-			for _, other := range wanted {
-				if other.Role == u.Role {
-					continue
-				}
-				var member bool
-				if err := tx.QueryRow(ctx, directMemberSQL, other.Role, u.Name).Scan(&member); err != nil {
-					return fmt.Errorf("look up %s's roles: %w", u.Name, err)
-				}
-				if member {
-					if _, err := tx.Exec(ctx, "REVOKE "+pgx.Identifier{other.Role}.Sanitize()+" FROM "+ident); err != nil {
-						return fmt.Errorf("revoke %s from %s: %w", other.Role, u.Name, err)
-					}
-				}
+			if err := revokeMoved(ctx, tx, u, previous); err != nil {
+				return err
 			}
 			if iam {
 				if _, err := tx.Exec(ctx, "GRANT "+IAMRole+" TO "+ident); err != nil {
