@@ -719,9 +719,10 @@ type cursor struct {
 }
 
 // cursorJSON is a cursor as issued: the expiry in microseconds since 1970,
-// PostgreSQL's precision, which holds any year a row can have (RFC 3339
-// cannot write a year outside 0-9999, and a row written by hand may have
-// one). Cursors issued before carry it as RFC 3339 instead ("e").
+// PostgreSQL's precision, which holds every year from 4713 BC to 294246 AD
+// (RFC 3339 cannot write a year outside 0-9999, and a row written by hand
+// may have one; pgx reads no timestamp later than int64 microseconds
+// hold). Cursors issued before carry it as RFC 3339 instead ("e").
 type cursorJSON struct {
 	Key    string     `json:"k"`
 	Micros *int64     `json:"u,omitempty"`
