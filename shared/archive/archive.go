@@ -214,9 +214,17 @@ type writersView struct {
 	sweptOnly bool
 	// clockOffset is the database's clock minus this host's, when read.
 	clockOffset time.Duration
-	// maxTTL is the longest TTL a writer on record has leased (0: none).
+	// maxTTL is the longest TTL a writer on record has leased (0: none),
+	// or MaxCompletionTTL when a writer that archives at completion, whose
+	// TTL is not recorded, is on record and that is longer.
 	maxTTL time.Duration
 }
+
+// MaxCompletionTTL is the longest TTL a writer that archives at completion
+// (livestore.Redis) may use: its TTL is not recorded in idempotency_writers
+// (it records 0, "archived from registration on"), so investigations read
+// this far past their window while such a writer is on record.
+const MaxCompletionTTL = 31 * 24 * time.Hour
 
 // reachTTL is how long a Reader trusts the writers it read. A stale reach is
 // safe: the only change that widens it, a writer that bounded nothing, is
@@ -640,6 +648,9 @@ func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
 	// A TTL past maxRecordedTTL (written by hand) would overflow a
 	// Duration; it reads as that long, which reaches every partition.
 	w = writersView{reach: -1, maxTTL: time.Duration(min(ttlMS, maxRecordedTTL.Milliseconds())) * time.Millisecond}
+	if atCompletion {
+		w.maxTTL = max(w.maxTTL, MaxCompletionTTL)
+	}
 	if ms != nil {
 		w.reach = max(keytime.MaxClockSkew, time.Duration(*ms)*time.Millisecond)
 		w.sweptOnly = !atCompletion

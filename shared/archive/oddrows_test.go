@@ -135,6 +135,18 @@ func TestAnInvestigationReadsAsFarAsTheLongestTTLOnRecord(t *testing.T) {
 	require.Len(t, page.Records, 1)
 	require.Equal(t, "idem:v1:long-lived", page.Records[0].ScopedKey)
 
+	// AND a writer that archives at completion (a Redis store, its TTL not
+	// recorded) widens it to MaxCompletionTTL
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:redis-lived", Status: 201, CreatedAt: created, ExpiredAt: created.Add(archive.MaxCompletionTTL)})
+	page, err = newReader(t, b.reader, nil).Investigate(ctx, q)
+	require.NoError(t, err)
+	require.Len(t, page.Records, 1, "not yet: no such writer")
+	_, err = b.db.Pool.Exec(ctx, `INSERT INTO idempotency_writers (ttl_ms, skew_ms, first_used, used_until) VALUES (0, 0, '2026-09-01', '2026-10-01')`)
+	require.NoError(t, err)
+	page, err = newReader(t, b.reader, nil).Investigate(ctx, q)
+	require.NoError(t, err)
+	require.Len(t, page.Records, 2)
+
 	// AND while the writers cannot be read (a migration holds them), the
 	// query fails as timed out rather than answer a narrower page
 	tx, err := b.db.Pool.Begin(ctx)

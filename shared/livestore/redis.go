@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 	"github.com/idemarchive/idemarchive/shared/keytime"
 )
@@ -53,8 +54,9 @@ type Redis struct {
 // MaxRedisTTL bounds the Redis store's TTL: its archive rows are written at
 // completion with expired_at at the end of the window, into a month whose
 // partition must already exist (the partition manager keeps
-// PARTITION_LEAD_MONTHS, at least 2, ahead).
-const MaxRedisTTL = 31 * 24 * time.Hour
+// PARTITION_LEAD_MONTHS, at least 2, ahead), and investigations read that
+// far past their window while a Redis store is on record.
+const MaxRedisTTL = archive.MaxCompletionTTL
 
 // MaxTTL reports MaxRedisTTL; idempotency.New refuses a longer LiveTTL.
 func (s *Redis) MaxTTL() time.Duration { return MaxRedisTTL }
