@@ -72,6 +72,7 @@ var Variables = []Variable{
 	{"CLOCK_SKEW", "5m", "how far ahead of the store's clock a ULID/UUIDv7 key's timestamp may lie; 0 to 1h, 0 allows none; a key further ahead is answered from the archive or refused with 400"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
 	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 to 15m; 0 means no pause"},
+	{"SWEEP_IN_FLIGHT_GRACE", "15m", "how long past its expiry a key still in flight stays live before it is archived as expired in flight, 0 to 24h; 0 means none"},
 	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch; whole milliseconds, 1ms to 15m"},
 	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 1ms to 15m"},
 	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s", "no batch starts when the invocation deadline is closer than this"},
@@ -113,6 +114,7 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		Sweep: sweep.Config{
 			BatchSize:        r.positiveInt("SWEEP_BATCH_SIZE"),
 			Pause:            r.durationOr("SWEEP_PAUSE", sweep.DefaultPause),
+			InFlightGrace:    r.durationOr("SWEEP_IN_FLIGHT_GRACE", sweep.DefaultInFlightGrace),
 			LockTimeout:      r.positiveDuration("SWEEP_LOCK_TIMEOUT"),
 			StatementTimeout: r.positiveDuration("SWEEP_STATEMENT_TIMEOUT"),
 			DeadlineMargin:   r.positiveDuration("SWEEP_DEADLINE_MARGIN"),
@@ -203,6 +205,8 @@ func sweepVariable(err error) string {
 		switch ce.Field {
 		case "Pause":
 			return "SWEEP_PAUSE"
+		case "InFlightGrace":
+			return "SWEEP_IN_FLIGHT_GRACE"
 		case "BatchSize":
 			return "SWEEP_BATCH_SIZE"
 		case "LockTimeout":

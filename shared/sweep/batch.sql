@@ -3,6 +3,7 @@
 --
 -- $1  batch size
 -- $2  JSON path of the resource id inside the stored response, as text[]
+-- $3  how long past its expiry a key still in flight stays live, in ms
 --
 -- The shape is claim, then DELETE ... RETURNING, then INSERT of exactly what
 -- the DELETE returned:
@@ -55,11 +56,18 @@
 -- holds expired_at beside the key, so an incompressible key that just fits
 -- the live table's primary key can never fit the archive's, and as the
 -- oldest row it would fail every batch in the same way.
+-- A key still in flight is claimed $3 after its expiry (SWEEP_IN_FLIGHT_GRACE,
+-- 15 minutes by default, as long as the Redis store keeps an in-flight
+-- hash): a request that outlives its TTL by less completes its row, and the
+-- archive keeps what it did rather than "expired in flight". Meanwhile the
+-- middleware answers the live row as the archive would (409 expired, in
+-- flight).
 WITH claimed AS MATERIALIZED (
     SELECT ctid
       FROM idempotency_keys
      WHERE expires_at < now() AND expires_at >= '0001-01-01 00:00:00+00'
        AND octet_length(scoped_key) <= 2000
+       AND (state = 'completed' OR expires_at < now() - $3 * interval '1 millisecond')
      ORDER BY expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED

@@ -123,6 +123,13 @@ WITH RECURSIVE months (m) AS (
 -- (the exec and simple_protocol modes) parses only under DateStyle ISO.
 SELECT (extract(epoch FROM m) * 1000000)::int8 FROM months WHERE m IS NOT NULL`
 
+// DefaultInFlightGrace is SWEEP_IN_FLIGHT_GRACE's default: as long as the
+// Redis store keeps an in-flight hash past its window.
+const DefaultInFlightGrace = 15 * time.Minute
+
+// MaxInFlightGrace bounds Config.InFlightGrace.
+const MaxInFlightGrace = 24 * time.Hour
+
 // DefaultPause is the pause between batches when none is configured.
 const DefaultPause = 200 * time.Millisecond
 
@@ -158,6 +165,12 @@ type Config struct {
 	// finish; less than MaxInvocation. A run that starts no batch for it while
 	// a backlog waits fails with a *DeadlineError.
 	DeadlineMargin time.Duration
+	// InFlightGrace is how long past its expiry a key still in flight stays
+	// live before it is archived as expired in flight (status 0), so that a
+	// request that outlives its TTL by less records what it did. 0 to
+	// MaxInFlightGrace, whole milliseconds; zero means none: archived at
+	// expiry. DefaultInFlightGrace is what SWEEP_IN_FLIGHT_GRACE defaults to.
+	InFlightGrace time.Duration
 	// MaxDuration: no batch after the first starts once this much time has
 	// passed. 0 (default) means no limit.
 	MaxDuration time.Duration
@@ -232,6 +245,9 @@ func (c Config) Validate() error {
 	}
 	if c.Pause < 0 || c.Pause > MaxInvocation {
 		return bad("Pause", "sweep pause must be between 0 (no pause) and %s, got %s", MaxInvocation, c.Pause)
+	}
+	if c.InFlightGrace < 0 || c.InFlightGrace > MaxInFlightGrace || c.InFlightGrace%time.Millisecond != 0 {
+		return bad("InFlightGrace", "sweep in-flight grace must be whole milliseconds between 0 (none) and %s, got %s", MaxInFlightGrace, c.InFlightGrace)
 	}
 	if c.BatchSize < MinBatchSize || c.BatchSize > MaxBatchSize {
 		return bad("BatchSize", "sweep batch size must be between %d and %d, got %d", MinBatchSize, MaxBatchSize, c.BatchSize)
@@ -627,7 +643,7 @@ func (s *Sweeper) batch(ctx context.Context, safe bool) (batchResult, error) {
 	}
 	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error {
 		return database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, sql, s.cfg.BatchSize, s.path).Scan(&b.selected, &b.archived, &b.removed)
+			return tx.QueryRow(ctx, sql, s.cfg.BatchSize, s.path, s.cfg.InFlightGrace.Milliseconds()).Scan(&b.selected, &b.archived, &b.removed)
 		})
 	})
 	if !safe && database.SQLState(err) == database.CodeUniqueViolation {

@@ -943,3 +943,47 @@ func TestAMonthOfUnclaimableKeysOnlyGetsNoPartition(t *testing.T) {
 	require.Equal(t, []string{partition.Name(recent)}, res.PartitionsCreated)
 	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys WHERE scoped_key = $1", long), "never lost")
 }
+
+// A key still in flight is archived InFlightGrace after its expiry, not at
+// it: a request that outlives its TTL by less completes its row, and the
+// archive keeps its outcome instead of "expired in flight". Zero grace
+// archives it at expiry.
+func TestAKeyInFlightIsArchivedAQuarterHourAfterItsExpiry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:completed-just-now", Status: 201, ExpiresAt: time.Now().Add(-time.Minute)},
+		dbtest.LiveRow{Key: "idem:v1:still-running", ExpiresAt: time.Now().Add(-time.Minute)},
+		dbtest.LiveRow{Key: "idem:v1:abandoned", ExpiresAt: time.Now().Add(-16 * time.Minute)},
+	)
+	grace := sweep.Config{InFlightGrace: 15 * time.Minute}
+	res, err := newSweeper(t, b.db.Pool, grace, b.parts, nil).Run(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res.Moved)
+	require.EqualValues(t, 1, res.Backlog, "the request still running")
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:abandoned' AND status_code = 0"))
+
+	// WHEN the running request completes late, and its grace then ends
+	_, err = b.db.Pool.Exec(ctx, `UPDATE idempotency_keys SET state = 'completed', status_code = 201, resource_id = 'ch_late' WHERE scoped_key = 'idem:v1:still-running'`)
+	require.NoError(t, err)
+	res, err = newSweeper(t, b.db.Pool, grace, b.parts, nil).Run(ctx)
+	require.NoError(t, err)
+
+	// THEN the archive keeps what it did
+	require.EqualValues(t, 1, res.Moved)
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:still-running' AND status_code = 201 AND resource_id = 'ch_late'"))
+
+	// AND without a grace a key in flight is archived at its expiry
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:no-grace", ExpiresAt: time.Now().Add(-time.Second)})
+	res, err = newSweeper(t, b.db.Pool, sweep.Config{}, b.parts, nil).Run(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Moved)
+	require.NoError(t, grace.WithDefaults().Validate())
+	for _, bad := range []time.Duration{-time.Millisecond, 1500 * time.Microsecond, 25 * time.Hour} {
+		err := sweep.Config{InFlightGrace: bad}.WithDefaults().Validate()
+		var ce *sweep.ConfigError
+		require.ErrorAs(t, err, &ce, bad)
+		require.Equal(t, "InFlightGrace", ce.Field)
+	}
+}
