@@ -426,7 +426,7 @@ func cmdQuery(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 }
 
 func cmdVerify(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
-	var opts verify.Options
+	opts := verify.Options{InFlightGrace: e.settings.Sweep.InFlightGrace}
 	fs := newFlagSet("verify", e)
 	fs.DurationVar(&opts.Recent, "recent", 24*time.Hour, "window in which archive rows must exist")
 	if _, err := parse(e, fs, args, 0); err != nil {

@@ -160,9 +160,15 @@ UPDATE idempotency_keys
 	pgCompleteSQL = pgCompleteUntokenedSQL + `
    AND registration IS NOT DISTINCT FROM $8::bytea`
 
+	// A release never removes an entry whose window has ended: retries have
+	// been answered 409 expired ("not run again") since, and the sweeper
+	// archives it as expired in flight once its grace ends
+	// (SWEEP_IN_FLIGHT_GRACE). Removed, it would be in neither place and
+	// the next retry would run.
 	pgReleaseUntokenedSQL = `
 DELETE FROM idempotency_keys
- WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'`
+ WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'
+   AND expires_at > now()`
 	pgReleaseSQL = pgReleaseUntokenedSQL + `
    AND registration IS NOT DISTINCT FROM $3::bytea`
 )

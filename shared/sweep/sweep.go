@@ -83,8 +83,14 @@ func withoutConflictClause(sql string) string {
 var errArchiveConflict = errors.New("an archive row of the batch exists already")
 
 // backlogSQL counts expired live rows through the expires_at index, up to a cap
-// so that a huge backlog costs a bounded scan.
-const backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE expires_at < now() LIMIT $1) s`
+// so that a huge backlog costs a bounded scan. A key still in flight within
+// its grace ($2 ms, Config.InFlightGrace) is not backlog: it stays live by
+// design.
+const backlogSQL = `
+SELECT count(*) FROM (
+    SELECT 1 FROM idempotency_keys
+     WHERE expires_at < now() AND (state = 'completed' OR expires_at < now() - $2 * interval '1 millisecond')
+     LIMIT $1) s`
 
 // unarchivableSQL counts the expired live rows a batch never claims (see
 // batch.sql), up to a cap: those that expire before year 1 (one range of
@@ -727,7 +733,7 @@ func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitio
 // Backlog counts expired live rows, up to Config.BacklogCap.
 func (s *Sweeper) Backlog(ctx context.Context) (int64, error) {
 	var n int64
-	if err := s.pool.QueryRow(ctx, backlogSQL, s.cfg.BacklogCap).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, backlogSQL, s.cfg.BacklogCap, s.cfg.InFlightGrace.Milliseconds()).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count expired backlog: %w", err)
 	}
 	return n, nil

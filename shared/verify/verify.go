@@ -32,6 +32,10 @@ type Options struct {
 	Recent time.Duration
 	// Now returns the current time. Default time.Now.
 	Now func() time.Time
+	// InFlightGrace is how long past its expiry the sweeper leaves a key
+	// still in flight live (SWEEP_IN_FLIGHT_GRACE): such a key is not
+	// backlog. Zero: none.
+	InFlightGrace time.Duration
 }
 
 // archiveColumns is the archive's whole, payload-free column set.
@@ -49,7 +53,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	var checks []Check
 
 	var backlog int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE expires_at < $1`, now).Scan(&backlog); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys
+		WHERE expires_at < $1 AND (state = 'completed' OR expires_at < $1::timestamptz - $2 * interval '1 millisecond')`,
+		now, opts.InFlightGrace.Milliseconds()).Scan(&backlog); err != nil {
 		return nil, fmt.Errorf("count expired live rows: %w", err)
 	}
 	checks = append(checks, Check{"expired backlog is zero", backlog == 0, fmt.Sprintf("%d expired live rows", backlog)})

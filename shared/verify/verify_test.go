@@ -92,3 +92,23 @@ func TestADetachPendingCurrentMonthFailsWithWhatToDo(t *testing.T) {
 	require.False(t, c.Pass)
 	require.Contains(t, c.Figure, "missing 2026-12; idempotency_key_archive_2026_12 is detach-pending (its rows are invisible): run archivectl partitions to attach it again")
 }
+
+// A key still in flight within the sweeper's grace past its expiry is no
+// backlog; one past it, or a completed one, is.
+func TestTheBacklogCheckLeavesKeysInTheirGrace(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	backlog := func(grace time.Duration) verify.Check {
+		checks, err := verify.Run(context.Background(), db.Pool, verify.Options{Now: func() time.Time { return now }, InFlightGrace: grace})
+		require.NoError(t, err)
+		require.Equal(t, "expired backlog is zero", checks[0].Name)
+		return checks[0]
+	}
+	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: "idem:v1:running", ExpiresAt: now.Add(-time.Minute)})
+	require.True(t, backlog(15*time.Minute).Pass)
+	require.False(t, backlog(0).Pass, "no grace")
+	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: "idem:v1:done", Status: 201, ExpiresAt: now.Add(-time.Minute)})
+	c := backlog(15 * time.Minute)
+	require.False(t, c.Pass)
+	require.Equal(t, "1 expired live rows", c.Figure)
+}
