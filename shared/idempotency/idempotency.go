@@ -226,6 +226,17 @@ type Store interface {
 	Release(ctx context.Context, key string, fingerprint, token []byte) error
 }
 
+// AfterRunReleaser is implemented by a store that can release the entry of
+// a request whose handler ran only while the entry's window lasts, by the
+// store's own clock (livestore.Postgres): once the window has ended,
+// retries have been answered 409 expired, and releasing the entry then
+// would let the next retry run. The middleware uses it for the releases
+// that follow a handler's server error; a release before the handler ran
+// (nothing ran) always goes through Release.
+type AfterRunReleaser interface {
+	ReleaseAfterRun(ctx context.Context, key string, fingerprint, token []byte) error
+}
+
 // Archive answers whether an expired key ever existed: *archive.Reader (direct
 // SQL) or archiveclient.Lambda (the lookup function). Lookup returns
 // archive.ErrNotFound for a key it has never seen.
@@ -551,7 +562,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case rec.wroteHeader && (m.cfg.KeepServerErrors || !rec.releases()):
 			m.complete(ctx, scoped, fp, token, reg.Entry, rec.cutShort(m.path))
 		default:
-			m.release(ctx, scoped, fp, token)
+			m.releaseAfterRun(ctx, scoped, fp, token)
 		}
 	}()
 	next.ServeHTTP(rec, r)
@@ -561,7 +572,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: the handler wrote a status outside 100-599: answered and kept as 500", "status", rec.wrote)
 	}
 	if rec.releases() && !m.cfg.KeepServerErrors {
-		m.release(ctx, scoped, fp, token)
+		m.releaseAfterRun(ctx, scoped, fp, token)
 	} else {
 		m.complete(ctx, scoped, fp, token, reg.Entry, rec)
 	}
@@ -762,9 +773,24 @@ func (m *Middleware) responseLost(w http.ResponseWriter, r *http.Request, rec ar
 // matches this request's registration token, so it never frees another
 // request's entry.
 func (m *Middleware) release(ctx context.Context, key string, fp, token []byte) {
+	m.releaseBy(ctx, m.cfg.Store.Release, key, fp, token)
+}
+
+// releaseAfterRun frees the key of a request whose handler ran and answered
+// a server error: through AfterRunReleaser where the store has it, so that
+// an entry whose window has ended stays (see AfterRunReleaser).
+func (m *Middleware) releaseAfterRun(ctx context.Context, key string, fp, token []byte) {
+	release := m.cfg.Store.Release
+	if ar, ok := m.cfg.Store.(AfterRunReleaser); ok {
+		release = ar.ReleaseAfterRun
+	}
+	m.releaseBy(ctx, release, key, fp, token)
+}
+
+func (m *Middleware) releaseBy(ctx context.Context, release func(context.Context, string, []byte, []byte) error, key string, fp, token []byte) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := m.cfg.Store.Release(ctx, key, fp, token); err != nil {
+	if err := release(ctx, key, fp, token); err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err)
 	}
 }

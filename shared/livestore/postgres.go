@@ -160,17 +160,19 @@ UPDATE idempotency_keys
 	pgCompleteSQL = pgCompleteUntokenedSQL + `
    AND registration IS NOT DISTINCT FROM $8::bytea`
 
-	// A release never removes an entry whose window has ended: retries have
-	// been answered 409 expired ("not run again") since, and the sweeper
-	// archives it as expired in flight once its grace ends
-	// (SWEEP_IN_FLIGHT_GRACE). Removed, it would be in neither place and
-	// the next retry would run.
 	pgReleaseUntokenedSQL = `
 DELETE FROM idempotency_keys
- WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'
-   AND expires_at > now()`
+ WHERE scoped_key = $1 AND fingerprint = $2 AND state = 'in_flight'`
 	pgReleaseSQL = pgReleaseUntokenedSQL + `
    AND registration IS NOT DISTINCT FROM $3::bytea`
+
+	// pgReleaseInWindowSQL and its untokened form release an entry whose
+	// handler ran only while its window lasts, by the database's clock (see
+	// ReleaseAfterRun).
+	pgReleaseInWindowSQL = pgReleaseSQL + `
+   AND expires_at > now()`
+	pgReleaseInWindowUntokenedSQL = pgReleaseUntokenedSQL + `
+   AND expires_at > now()`
 )
 
 // pgRegisterSQL registers with the request's token ($7); the untokened form
@@ -444,6 +446,19 @@ func (p *Postgres) Release(ctx context.Context, key string, fp, token []byte) er
 	// key and fingerprint alone, which could free a concurrent duplicate's
 	// entry (a Register whose reply was lost may not have landed).
 	if _, err := p.byToken(ctx, token, pgReleaseSQL, pgReleaseUntokenedSQL, key, fp); err != nil {
+		return fmt.Errorf("release idempotency key: %w", err)
+	}
+	return nil
+}
+
+// ReleaseAfterRun releases, as Release does, the entry of a request whose
+// handler ran and answered a server error, but only while the entry's
+// window lasts by the database's clock: once it has ended, retries have
+// been answered 409 expired ("not run again"), and the sweeper archives the
+// entry as expired in flight when its grace ends (SWEEP_IN_FLIGHT_GRACE).
+// Removed, it would be in neither place and the next retry would run.
+func (p *Postgres) ReleaseAfterRun(ctx context.Context, key string, fp, token []byte) error {
+	if _, err := p.byToken(ctx, token, pgReleaseInWindowSQL, pgReleaseInWindowUntokenedSQL, key, fp); err != nil {
 		return fmt.Errorf("release idempotency key: %w", err)
 	}
 	return nil

@@ -121,16 +121,7 @@ if redis.call('HGET', KEYS[1], 'state') == 'completed' and (redis.call('HGET', K
 end
 return 0`)
 
-	// redisRelease deletes this request's in-flight hash, unless its window
-	// has ended (ARGV[3], this process's clock in ms, as the window was
-	// set): retries have been answered 409 expired since, and removed, the
-	// key would be in neither Redis nor the archive, and the next retry
-	// would run.
 	redisRelease = redis.NewScript(`
-local expires = redis.call('HGET', KEYS[1], 'expires')
-if expires and tonumber(expires) <= tonumber(ARGV[3]) then
-  return 0
-end
 if redis.call('HGET', KEYS[1], 'state') == 'in_flight' and redis.call('HGET', KEYS[1], 'fp') == ARGV[1]
    and (redis.call('HGET', KEYS[1], 'reg') or '') == ARGV[2] then
   return redis.call('DEL', KEYS[1])
@@ -312,7 +303,7 @@ func completeLost(c idempotency.Completion, archiveErr error) error {
 // Release deletes the in-flight hash this request registered (its
 // fingerprint and registration token).
 func (s *Redis) Release(ctx context.Context, key string, fp, token []byte) error {
-	if err := redisRelease.Run(ctx, s.client, []string{s.prefix + key}, fp, token, s.now().UnixMilli()).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	if err := redisRelease.Run(ctx, s.client, []string{s.prefix + key}, fp, token).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("release idempotency key: %w", err)
 	}
 	return nil
