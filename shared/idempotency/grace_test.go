@@ -94,3 +94,28 @@ func TestAReleaseBeforeTheHandlerRanAlwaysFreesTheKey(t *testing.T) {
 		})
 	}
 }
+
+// wrapped hides every method of the store but Store's, as a metrics or
+// tracing decorator would.
+type wrapped struct{ idempotency.Store }
+
+// A store wrapped so that it hides ReleaseBeforeRun keeps the guard: an
+// entry past its window whose handler answered a server error is still kept,
+// and never runs twice.
+func TestAWrappedStoreKeepsTheGuard(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	b.store = wrapped{b.store}
+	h := &scripted{started: make(chan int, 4), gates: map[int]chan struct{}{1: make(chan struct{})}, statuses: map[int]int{1: http.StatusServiceUnavailable}}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Second}).Wrap(h)
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- post(srv, "wrapped", `{}`) }()
+	require.Equal(t, 1, <-h.started)
+	time.Sleep(1200 * time.Millisecond)
+	require.Equal(t, "idempotency_key_expired", problemOf(t, post(srv, "wrapped", `{}`))["code"])
+	close(h.gates[1])
+	require.Equal(t, http.StatusServiceUnavailable, (<-done).Code)
+	again := post(srv, "wrapped", `{}`)
+	require.Equal(t, http.StatusConflict, again.Code, again.Body.String())
+	require.EqualValues(t, 1, h.calls.Load())
+}

@@ -226,15 +226,16 @@ type Store interface {
 	Release(ctx context.Context, key string, fingerprint, token []byte) error
 }
 
-// AfterRunReleaser is implemented by a store that can release the entry of
-// a request whose handler ran only while the entry's window lasts, by the
-// store's own clock (livestore.Postgres): once the window has ended,
-// retries have been answered 409 expired, and releasing the entry then
-// would let the next retry run. The middleware uses it for the releases
-// that follow a handler's server error; a release before the handler ran
-// (nothing ran) always goes through Release.
-type AfterRunReleaser interface {
-	ReleaseAfterRun(ctx context.Context, key string, fingerprint, token []byte) error
+// BeforeRunReleaser is implemented by a store whose Release keeps an entry
+// whose window has ended (livestore.Postgres: retries have been answered
+// 409 expired since, and the entry gone, the next retry would run), and
+// that can also free, whatever its window says, the entry of a request
+// whose handler never started: nothing ran, so the retry its 503 asks for
+// must run. The middleware uses it for those releases. A wrapper that hides
+// it costs only that: such an entry is kept, and its retries are answered
+// 409 expired.
+type BeforeRunReleaser interface {
+	ReleaseBeforeRun(ctx context.Context, key string, fingerprint, token []byte) error
 }
 
 // Archive answers whether an expired key ever existed: *archive.Reader (direct
@@ -771,20 +772,21 @@ func (m *Middleware) responseLost(w http.ResponseWriter, r *http.Request, rec ar
 // flight would block retries for the whole window, then be archived as never
 // completed (the archive lookup prefers a completed row over it). Release
 // matches this request's registration token, so it never frees another
-// request's entry.
+// request's entry. It is for a registration whose handler never started:
+// through BeforeRunReleaser where the store has it (see there).
 func (m *Middleware) release(ctx context.Context, key string, fp, token []byte) {
-	m.releaseBy(ctx, m.cfg.Store.Release, key, fp, token)
+	release := m.cfg.Store.Release
+	if br, ok := m.cfg.Store.(BeforeRunReleaser); ok {
+		release = br.ReleaseBeforeRun
+	}
+	m.releaseBy(ctx, release, key, fp, token)
 }
 
 // releaseAfterRun frees the key of a request whose handler ran and answered
-// a server error: through AfterRunReleaser where the store has it, so that
-// an entry whose window has ended stays (see AfterRunReleaser).
+// a server error, through the store's Release: a store that keeps an entry
+// whose window has ended keeps this one too.
 func (m *Middleware) releaseAfterRun(ctx context.Context, key string, fp, token []byte) {
-	release := m.cfg.Store.Release
-	if ar, ok := m.cfg.Store.(AfterRunReleaser); ok {
-		release = ar.ReleaseAfterRun
-	}
-	m.releaseBy(ctx, release, key, fp, token)
+	m.releaseBy(ctx, m.cfg.Store.Release, key, fp, token)
 }
 
 func (m *Middleware) releaseBy(ctx context.Context, release func(context.Context, string, []byte, []byte) error, key string, fp, token []byte) {

@@ -166,9 +166,8 @@ DELETE FROM idempotency_keys
 	pgReleaseSQL = pgReleaseUntokenedSQL + `
    AND registration IS NOT DISTINCT FROM $3::bytea`
 
-	// pgReleaseInWindowSQL and its untokened form release an entry whose
-	// handler ran only while its window lasts, by the database's clock (see
-	// ReleaseAfterRun).
+	// pgReleaseInWindowSQL and its untokened form release an entry only
+	// while its window lasts, by the database's clock (see Release).
 	pgReleaseInWindowSQL = pgReleaseSQL + `
    AND expires_at > now()`
 	pgReleaseInWindowUntokenedSQL = pgReleaseUntokenedSQL + `
@@ -439,26 +438,32 @@ func (p *Postgres) Complete(ctx context.Context, key string, c idempotency.Compl
 	return nil
 }
 
-// Release deletes the in-flight row this request registered.
+// Release deletes the in-flight row this request registered, but only while
+// its window lasts by the database's clock: once it has ended, retries have
+// been answered 409 expired ("not run again"), and the sweeper archives the
+// row as expired in flight when its grace ends (SWEEP_IN_FLIGHT_GRACE).
+// Removed, it would be in neither place and the next retry would run. The
+// middleware frees a registration whose handler never started with
+// ReleaseBeforeRun instead; a store wrapped so that it hides that method
+// only keeps such an entry too, the safe way to fail.
 func (p *Postgres) Release(ctx context.Context, key string, fp, token []byte) error {
-	// By the token it was stored with, or without one only for an entry
-	// stored without one: a release by a token never falls back to matching
-	// key and fingerprint alone, which could free a concurrent duplicate's
-	// entry (a Register whose reply was lost may not have landed).
-	if _, err := p.byToken(ctx, token, pgReleaseSQL, pgReleaseUntokenedSQL, key, fp); err != nil {
-		return fmt.Errorf("release idempotency key: %w", err)
-	}
-	return nil
+	return p.release(ctx, pgReleaseInWindowSQL, pgReleaseInWindowUntokenedSQL, key, fp, token)
 }
 
-// ReleaseAfterRun releases, as Release does, the entry of a request whose
-// handler ran and answered a server error, but only while the entry's
-// window lasts by the database's clock: once it has ended, retries have
-// been answered 409 expired ("not run again"), and the sweeper archives the
-// entry as expired in flight when its grace ends (SWEEP_IN_FLIGHT_GRACE).
-// Removed, it would be in neither place and the next retry would run.
-func (p *Postgres) ReleaseAfterRun(ctx context.Context, key string, fp, token []byte) error {
-	if _, err := p.byToken(ctx, token, pgReleaseInWindowSQL, pgReleaseInWindowUntokenedSQL, key, fp); err != nil {
+// ReleaseBeforeRun deletes the in-flight row of a request whose handler
+// never started, whatever its window says: nothing ran, so the retry its
+// 503 asks for must run.
+func (p *Postgres) ReleaseBeforeRun(ctx context.Context, key string, fp, token []byte) error {
+	return p.release(ctx, pgReleaseSQL, pgReleaseUntokenedSQL, key, fp, token)
+}
+
+// release runs a release statement by the token the entry was stored with,
+// or without one only for an entry stored without one: a release by a token
+// never falls back to matching key and fingerprint alone, which could free
+// a concurrent duplicate's entry (a Register whose reply was lost may not
+// have landed).
+func (p *Postgres) release(ctx context.Context, tokened, untokened, key string, fp, token []byte) error {
+	if _, err := p.byToken(ctx, token, tokened, untokened, key, fp); err != nil {
 		return fmt.Errorf("release idempotency key: %w", err)
 	}
 	return nil
