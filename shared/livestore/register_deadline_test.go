@@ -31,6 +31,30 @@ func sweepHolding(t *testing.T, db *dbtest.DB, key string) pgx.Tx {
 	return tx
 }
 
+// oneConnectionStore is a Postgres store over a pool of one connection,
+// its writer lease already taken.
+func oneConnectionStore(t *testing.T) (*dbtest.DB, *pgxpool.Pool, *Postgres) {
+	t.Helper()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+	p := NewPostgres(pool)
+	_, err := p.Register(context.Background(), idempotency.Registering{Key: "idem:v1:warm", Fingerprint: dbtest.Fingerprint("a"), TTL: time.Hour})
+	require.NoError(t, err)
+	return db, pool, p
+}
+
+// busyFor holds one of pool's connections for d.
+func busyFor(t *testing.T, pool *pgxpool.Pool, d time.Duration) {
+	t.Helper()
+	busy, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	go func() {
+		time.Sleep(d)
+		busy.Release()
+	}()
+}
+
 // A registration that waits on a sweep batch's lock ends by its request's
 // deadline, on the server: the statement timeout is what is left of the
 // deadline, not the full registerTimeout, and the registration never lands
@@ -70,26 +94,16 @@ func TestARegistrationWaitingOnALockEndsByItsDeadline(t *testing.T) {
 func TestARegistrationThatNeverGotAConnectionSendsNothing(t *testing.T) {
 	t.Parallel()
 	// GIVEN a store whose only connection is busy, its lease already held
-	db := dbtest.New(t)
-	db.Partition(t, 0)
-	pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
-	p := NewPostgres(pool)
+	db, pool, p := oneConnectionStore(t)
 	ctx, fp := context.Background(), dbtest.Fingerprint("a")
-	reg := idempotency.Registering{Key: "idem:v1:warm", Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour}
-	_, err := p.Register(ctx, reg)
-	require.NoError(t, err)
-	busy, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	go func() {
-		time.Sleep(time.Second)
-		busy.Release()
-	}()
+	reg := idempotency.Registering{Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour}
+	busyFor(t, pool, time.Second)
 
 	// WHEN a request with 200 ms left registers a key
 	rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	reg.Key = "idem:v1:never-sent"
-	_, err = p.Register(rctx, reg)
+	_, err := p.Register(rctx, reg)
 
 	// THEN it fails with its deadline, saying it sent nothing
 	require.True(t, errors.Is(err, context.DeadlineExceeded), "got %v", err)
@@ -121,28 +135,18 @@ func TestTheStatementTimeoutCountsTheWaitForAConnection(t *testing.T) {
 	t.Parallel()
 	// GIVEN a key whose expired row a sweep batch holds, and a store whose
 	// only connection is busy for 1.5 s
-	db := dbtest.New(t)
-	db.Partition(t, 0)
-	pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
-	p := NewPostgres(pool)
+	db, pool, p := oneConnectionStore(t)
 	ctx, fp := context.Background(), dbtest.Fingerprint("a")
-	_, err := p.Register(ctx, idempotency.Registering{Key: "idem:v1:warm", Fingerprint: fp, TTL: time.Hour})
-	require.NoError(t, err)
 	const key = "idem:v1:locked"
 	tx := sweepHolding(t, db, key)
-	busy, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	go func() {
-		time.Sleep(1500 * time.Millisecond)
-		busy.Release()
-	}()
+	busyFor(t, pool, 1500*time.Millisecond)
 
 	// WHEN a request with 2 s left registers the key
 	const left = 2 * time.Second
 	rctx, cancel := context.WithTimeout(ctx, left)
 	defer cancel()
 	start := time.Now()
-	_, err = p.Register(rctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour})
+	_, err := p.Register(rctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour})
 	took := time.Since(start)
 
 	// THEN the server's timeout ended it by the deadline (not 2 s after
