@@ -181,8 +181,9 @@ func JSONTime(t time.Time) *time.Time {
 	return &t
 }
 
-// instant is ts as a time in UTC, or the zero time for an infinite one.
-func instant(ts pgtype.Timestamptz) time.Time {
+// Instant is ts as a time in UTC, or the zero time (which JSONTime writes as
+// null) for an infinite one, which a row written by hand may hold.
+func Instant(ts pgtype.Timestamptz) time.Time {
 	if ts.InfinityModifier != pgtype.Finite {
 		return time.Time{}
 	}
@@ -403,7 +404,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 		return rec, ErrNotFound
 	}
 	rec.Status = int(status)
-	rec.CreatedAt, rec.ExpiredAt = instant(created), instant(expired)
+	rec.CreatedAt, rec.ExpiredAt = Instant(created), Instant(expired)
 	rec.FingerprintMatch = compareFingerprints(fingerprint, archived)
 	return rec, nil
 }
@@ -774,7 +775,7 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 						return err
 					}
 					rec.Status = int(status)
-					rec.CreatedAt, rec.ExpiredAt = instant(created), instant(expired)
+					rec.CreatedAt, rec.ExpiredAt = Instant(created), Instant(expired)
 					page.Records = append(page.Records, rec)
 				}
 				return rows.Err()

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 	"github.com/idemarchive/idemarchive/shared/keytime"
@@ -377,14 +378,6 @@ func prepare(ctx context.Context, conn *pgx.Conn, sql string) (string, error) {
 	return sd.Name, nil
 }
 
-// finite is ts's time, or the zero time for an infinite one.
-func finite(ts pgtype.Timestamptz) time.Time {
-	if ts.InfinityModifier != pgtype.Finite {
-		return time.Time{}
-	}
-	return ts.Time
-}
-
 func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, error) {
 	var e idempotency.Entry
 	var state string
@@ -408,7 +401,7 @@ func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, erro
 	e.Body = response
 	// An infinite time (a row written by hand) is the zero time, which
 	// answers write as null; whether the window ended is ended's to say.
-	e.CreatedAt, e.ExpiresAt, e.WindowEnded = finite(created), finite(expires), &ended
+	e.CreatedAt, e.ExpiresAt, e.WindowEnded = archive.Instant(created), archive.Instant(expires), &ended
 	return e, nil
 }
 
