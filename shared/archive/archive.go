@@ -8,7 +8,11 @@
 // refuses a key whose timestamp lies further ahead of its clock than its skew,
 // so a key's rows were registered, and expired, after that instant, whatever
 // the timestamp says. The bound lets PostgreSQL prune every older partition,
-// so the lookup touches the few newest months only. A key without a
+// so the lookup touches the months from the key's own on. A key minted two
+// months or more ago first reads idempotency_archive_plain_keys, where the
+// rows that expired more than PromptSpan after their key's timestamp are
+// recorded (migration 010), and then only the months from its timestamp to
+// the end of that span or to its last late row. A key without a
 // timestamp is first looked up in idempotency_archive_plain_keys, which
 // records the expiry of each of its archive rows (migration 006): a key not
 // archived is answered there, and an archived one reads only the partitions
@@ -70,6 +74,15 @@ const DefaultStatementTimeout = 3 * time.Second
 // statement timeout ends that much before it, so the caller still has time
 // to answer "timeout" rather than being cut off itself.
 const deadlineMargin = 100 * time.Millisecond
+
+// PromptSpan is how long after its key's timestamp an archive row may expire
+// without being recorded in idempotency_archive_plain_keys (migration 010,
+// whose idempotency_key_prompt_span() is the same): a lookup of a key minted
+// long ago reads the partitions of its timestamp's first PromptSpan and
+// those of the expiries recorded for it, not every month since. 192 hours
+// cover the default MaxLiveTTL of 7 days and a day's delay in first using a
+// key; a writer whose keys expire later than that records every row.
+const PromptSpan = 192 * time.Hour
 
 // MaxScopedKeyBytes bounds scoped keys accepted for lookup.
 const MaxScopedKeyBytes = 512
@@ -359,14 +372,14 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	var created, expired pgtype.Timestamptz
 	found := false
 	err := tracing.Span(ctx, "archive.lookup", func(ctx context.Context) error {
-		earliest, latest, reach, err := r.expiryRange(ctx, scopedKey)
-		if err != nil || !earliest.Valid {
+		e, err := r.expiryRange(ctx, scopedKey)
+		if err != nil || !e.earliest.Valid {
 			return err
 		}
 		for {
 			proven := true
 			err := r.bounded(ctx, func(b *pgx.Batch) {
-				st := lookupStatement(scopedKey, earliest, latest, r.cfg.Now())
+				st := lookupStatement(scopedKey, e.earliest, e.latest, r.cfg.Now())
 				b.Queue(st.SQL, st.Args...).Query(func(rows pgx.Rows) error {
 					// Not found is an empty result, not an error: pgx drops a
 					// connection's cached statements after a batch that
@@ -380,8 +393,8 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 					}
 					return rows.Err()
 				})
-				if reach >= 0 {
-					b.Queue(proofSQL, latest, reach.Milliseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&proven) })
+				if e.reach >= 0 {
+					b.Queue(proofSQL, e.ceiling, e.reach.Milliseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&proven) })
 				}
 			})
 			if err != nil || proven {
@@ -391,9 +404,9 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 			// disagree more than the margin: read them again next time,
 			// and this time read every partition.
 			r.forgetWriters()
-			found, reach = false, -1
-			earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-			latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+			found, e.reach = false, -1
+			e.earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+			e.latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
 		}
 	})
 	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
@@ -471,14 +484,33 @@ func compareFingerprints(given, archived []byte) *bool {
 	return &match
 }
 
+// expiries bounds the expiries a key's archive rows can have.
+type expiries struct {
+	// earliest and latest bound them; an invalid (NULL) earliest means the
+	// key has no row in the archive.
+	earliest, latest pgtype.Timestamptz
+	// reach is the skew the lower bound of a key with a timestamp allowed
+	// for: negative when the bounds rest on no view of the writers.
+	reach time.Duration
+	// ceiling is the upper bound the view of the writers gave, the one
+	// proofSQL proves: latest before the key's late rows narrowed it.
+	ceiling pgtype.Timestamptz
+	// ran is the statement run to learn the bounds (Args the key's), if any.
+	ran *Statement
+}
+
 // expiryRange bounds the expiries a key's archive rows can have, so that
-// its lookup reads only the partitions between them. An invalid (NULL) lower
-// bound means the key has no row in the archive.
+// its lookup reads only the partitions between them.
 //
 // A key with a timestamp: its rows were registered no earlier than its
 // timestamp minus the reach (keytime.MaxClockSkew, see package keytime) and
-// expired after that; no upper bound. This deliberately does not add the
-// TTL: TTLs change, minting times do not.
+// expired after that. This deliberately does not add the TTL: TTLs change,
+// minting times do not. With no writer on record that archives at
+// completion, every archive row was moved by a sweep, after it expired by
+// the database's clock: the key is then also bounded above, by the
+// database's clock as last read plus ceilingMargin. When that leaves months
+// to read past the key's prompt span (lateReadSaves), the upper bound is
+// narrowed to the span and the key's late rows (lateBound).
 //
 // A key without one: the expiries idempotency_archive_plain_keys records for
 // it, widened to every range whose rows are not all recorded yet (see
@@ -486,43 +518,130 @@ func compareFingerprints(given, archived []byte) *bool {
 // as the trigger that records them whether the key has a timestamp; where it
 // disagrees with keytime, every partition is read.
 //
-// With no writer on record that archives at completion, every archive row
-// was moved by a sweep, after it expired by the database's clock: a key with
-// a timestamp is then also bounded above, by the database's clock as last
-// read plus ceilingMargin.
-//
-// Both bounds of a key with a timestamp rest on a view of the writers up to
-// reachTTL old: reach, the skew the lower bound allowed for (negative when
-// the bounds rest on nothing), tells the lookup to prove them with proofSQL
-// in the same round trip, after the lookup, and to read every partition when
-// the proof fails.
-func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (earliest, latest pgtype.Timestamptz, reach time.Duration, err error) {
-	earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+// The bounds of a key with a timestamp rest on a view of the writers up to
+// reachTTL old: reach tells the lookup to prove them with proofSQL in the
+// same round trip, after the lookup, and to read every partition when the
+// proof fails.
+func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, error) {
+	all := expiries{
+		earliest: pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true},
+		latest:   pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true},
+		reach:    -1,
+	}
+	all.ceiling = all.latest
 	if ts, ok := keytime.FromKey(scopedKey); ok {
 		w, err := r.readWriters(ctx)
 		if err != nil || w.reach < 0 {
-			return earliest, latest, -1, err
+			return all, err
 		}
-		earliest = pgtype.Timestamptz{Time: ts.Add(-w.reach), Valid: true}
+		e := all
+		e.earliest, e.reach = pgtype.Timestamptz{Time: ts.Add(-w.reach), Valid: true}, w.reach
 		if w.sweptOnly {
-			latest = pgtype.Timestamptz{Time: r.cfg.Now().Add(w.clockOffset + ceilingMargin), Valid: true}
+			e.latest = pgtype.Timestamptz{Time: r.cfg.Now().Add(w.clockOffset + ceilingMargin), Valid: true}
 		}
-		return earliest, latest, w.reach, nil
+		e.ceiling = e.latest
+		if !lateReadSaves(ts, e.latest) {
+			return e, nil
+		}
+		e.ran = &Statement{SQL: lateKeySQL, Args: []any{scopedKey, PromptSpan, ts}}
+		e.latest, err = r.lateBound(ctx, *e.ran, ts, e.latest)
+		return e, err
 	}
+	all.ran = &Statement{SQL: plainKeySQL, Args: []any{scopedKey}}
 	var lo, hi pgtype.Timestamptz
-	err = r.bounded(ctx, func(b *pgx.Batch) {
+	err := r.bounded(ctx, func(b *pgx.Batch) {
 		b.Queue(plainKeySQL, scopedKey).QueryRow(func(row pgx.Row) error { return row.Scan(&lo, &hi) })
 	})
 	if err != nil {
 		if missingGrantOrTable(err) {
 			// A schema migrated before the table existed, or a role without
 			// SELECT on it: every partition is read. Correct, only slower.
-			return earliest, latest, -1, nil
+			return all, nil
 		}
-		return earliest, latest, -1, fmt.Errorf("read where the key's rows are: %w", timeoutError(ctx, err))
+		return all, fmt.Errorf("read where the key's rows are: %w", timeoutError(ctx, err))
 	}
-	return lo, hi, -1, nil
+	e := all
+	e.earliest, e.latest = lo, hi
+	return e, nil
+}
+
+// lateReadSaves reports whether a timestamped key's lookup should read
+// where its late rows are (lateKeySQL) and then its prompt span and those
+// rows, rather than every month from its timestamp to latest: when that
+// spares at least two months (the read costs a round trip and about as many
+// relations as two partitions), or latest is unbounded.
+func lateReadSaves(ts time.Time, latest pgtype.Timestamptz) bool {
+	if latest.InfinityModifier != pgtype.Finite {
+		return true
+	}
+	return monthsBetween(monthStart(ts.Add(PromptSpan)), monthStart(latest.Time)) >= 2
+}
+
+// lateKeySQL returns the range of expiries, beyond its prompt span, that a
+// key with a timestamp can have archive rows at ($1 the key, $2 PromptSpan,
+// $3 its timestamp by keytime): the records of migration 010 for it, every
+// range still pending under either rule, and everything when the database
+// judges the key otherwise than keytime (no timestamp, another timestamp,
+// another span); NULLs when there is none.
+const lateKeySQL = `
+SELECT min(lo), max(hi)
+  FROM (SELECT expired_at, expired_at
+          FROM idempotency_archive_plain_keys
+         WHERE key_hash = idempotency_key_hash($1)
+        UNION ALL
+        SELECT expired_from, expired_to
+          FROM idempotency_archive_plain_keys_pending
+        UNION ALL
+        SELECT expired_from, expired_to
+          FROM idempotency_archive_late_keys_pending
+        UNION ALL
+        SELECT '-infinity', 'infinity'
+         WHERE NOT idempotency_key_has_time($1)
+            OR idempotency_key_prompt_span() <> $2::interval
+            OR idempotency_key_time_before($1, idempotency_key_time_bound($3, true), idempotency_key_time_bound($3, false))
+            OR NOT idempotency_key_time_before($1, idempotency_key_time_bound($3::timestamptz + interval '1 millisecond', true),
+                                                   idempotency_key_time_bound($3::timestamptz + interval '1 millisecond', false))) AS reach (lo, hi)`
+
+// lateBound returns the upper bound of a timestamped key's expiries, given
+// by its prompt span and where its late rows are (st, lateKeySQL), at most
+// latest.
+//
+// Why the rows it leaves out cannot exist (the invariant of migration 010):
+// a row of the key that expired later than ts + PromptSpan is recorded, or
+// lies in a pending range, and lateKeySQL's range holds both; so every row
+// expired by ts + PromptSpan or lies in that range, and the bound is the
+// later of the two ends. (The range between is read as well: one range
+// keeps the lookup one statement.) A schema from before migration 010, or a
+// role that may not read its tables, keeps latest.
+func (r *Reader) lateBound(ctx context.Context, st Statement, ts time.Time, latest pgtype.Timestamptz) (pgtype.Timestamptz, error) {
+	var lo, hi pgtype.Timestamptz
+	err := r.bounded(ctx, func(b *pgx.Batch) {
+		b.Queue(st.SQL, st.Args...).QueryRow(func(row pgx.Row) error { return row.Scan(&lo, &hi) })
+	})
+	if err != nil {
+		if missingGrantOrTable(err) {
+			return latest, nil
+		}
+		return latest, fmt.Errorf("read where the key's late rows are: %w", timeoutError(ctx, err))
+	}
+	bound := pgtype.Timestamptz{Time: ts.Add(PromptSpan), Valid: true}
+	if hi.Valid && later(hi, bound) {
+		bound = hi
+	}
+	if later(bound, latest) {
+		bound = latest
+	}
+	return bound, nil
+}
+
+// later reports whether a lies after b (valid timestamps, infinities
+// included).
+func later(a, b pgtype.Timestamptz) bool {
+	rank := func(t pgtype.Timestamptz) int { return int(t.InfinityModifier) }
+	if rank(a) != rank(b) {
+		return rank(a) > rank(b)
+	}
+	return a.InfinityModifier == pgtype.Finite && a.Time.After(b.Time)
 }
 
 // ceilingMargin is added to the database's clock as last read to bound a
@@ -570,18 +689,18 @@ func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Stat
 		return nil, err
 	}
 	var out []Statement
-	if _, ok := keytime.FromKey(scopedKey); !ok {
-		out = append(out, Statement{SQL: plainKeySQL, Args: []any{scopedKey}})
-	}
-	earliest, latest, reach, err := r.expiryRange(ctx, scopedKey)
+	e, err := r.expiryRange(ctx, scopedKey)
 	if err != nil {
 		return nil, err
 	}
-	if earliest.Valid {
-		out = append(out, lookupStatement(scopedKey, earliest, latest, r.cfg.Now()))
+	if e.ran != nil {
+		out = append(out, *e.ran)
 	}
-	if reach >= 0 {
-		out = append(out, Statement{SQL: proofSQL, Args: []any{latest, reach.Milliseconds()}})
+	if e.earliest.Valid {
+		out = append(out, lookupStatement(scopedKey, e.earliest, e.latest, r.cfg.Now()))
+	}
+	if e.reach >= 0 {
+		out = append(out, Statement{SQL: proofSQL, Args: []any{e.ceiling, e.reach.Milliseconds()}})
 	}
 	return out, nil
 }

@@ -20,14 +20,14 @@ const (
 // key (when the writers' proof holds); "" when the key is known to have no
 // archive row.
 func LookupStatement(r *Reader, key string) (string, []any) {
-	lo, hi, _, err := r.expiryRange(context.Background(), key)
+	e, err := r.expiryRange(context.Background(), key)
 	if err != nil {
 		panic(err)
 	}
-	if !lo.Valid {
+	if !e.earliest.Valid {
 		return "", nil
 	}
-	st := lookupStatement(key, lo, hi, r.cfg.Now())
+	st := lookupStatement(key, e.earliest, e.latest, r.cfg.Now())
 	return st.SQL, st.Args
 }
 
@@ -40,14 +40,14 @@ func WindowStatement(key string, earliest, latest pgtype.Timestamptz, now time.T
 // ExpiryRange returns the bounds Lookup passes to LookupSQL for key; nil
 // when the key is known to have no archive row.
 func ExpiryRange(r *Reader, key string) []any {
-	lo, hi, _, err := r.expiryRange(context.Background(), key)
+	e, err := r.expiryRange(context.Background(), key)
 	if err != nil {
 		panic(err)
 	}
-	if !lo.Valid {
+	if !e.earliest.Valid {
 		return nil
 	}
-	return []any{lo, hi}
+	return []any{e.earliest, e.latest}
 }
 
 func QueryArgs(r *Reader, q Query) []any {

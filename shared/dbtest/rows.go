@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,4 +96,27 @@ func Count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
+}
+
+// ULID is a canonical ULID whose timestamp is ts and whose random part is
+// fixed (suffix, 16 Crockford base32 characters; "" for a fixed one), so
+// that tests need no ULID library.
+func ULID(ts time.Time, suffix string) string {
+	const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+	ms := uint64(ts.UnixMilli())
+	var b strings.Builder
+	for i := 9; i >= 0; i-- {
+		b.WriteByte(crockford[(ms>>(5*uint(i)))&31])
+	}
+	if suffix == "" {
+		suffix = "ABCDEFGHJKMNPQRS"
+	}
+	return b.String() + suffix
+}
+
+// UUIDv7 is a version 7 UUID whose timestamp is ts, its other bits fixed
+// but for the last 12 hex digits, n's.
+func UUIDv7(ts time.Time, n uint64) string {
+	h := fmt.Sprintf("%012x", uint64(ts.UnixMilli()))
+	return fmt.Sprintf("%s-%s-7abc-9def-%012x", h[:8], h[8:12], n&(1<<48-1))
 }

@@ -1,13 +1,19 @@
 // Package plainkeys keeps idempotency_archive_plain_keys complete and small:
 // the table that says in which months the archive rows of keys without a
-// timestamp lie, so that their lookups read one small index and then only
-// those partitions (see migration 006 and package archive).
+// timestamp lie, and those of timestamped keys used long after their
+// timestamp, so that their lookups read one small index and then only those
+// partitions (see migrations 006 and 010 and package archive).
 //
-// The archive's trigger records every row as it is inserted. Two kinds of rows
-// are not recorded that way, and lie in a pending range instead, which
-// lookups read in full until it is gone:
-//   - rows archived before migration 006 (one range, -infinity to infinity);
-//   - rows of a partition attached with rows in it (its bounds).
+// The archive's trigger records every row as it is inserted. Some rows are
+// not recorded that way, and lie in a pending range instead, which lookups
+// read in full until it is gone:
+//   - rows archived before migration 006 (one range, -infinity to infinity,
+//     in idempotency_archive_plain_keys_pending);
+//   - rows archived before migration 010 (the same, in
+//     idempotency_archive_late_keys_pending, which only lookups of
+//     timestamped keys read);
+//   - rows of a partition attached with rows in it (its bounds, in the
+//     first table).
 //
 // Index records the rows of the pending ranges, in batches in primary-key
 // order, and removes a range once every row in it is recorded. Rows inserted
@@ -72,17 +78,34 @@ type Progress struct {
 	RangesDone, RangesLeft int
 }
 
+// pendingSQL returns the first pending range: of
+// idempotency_archive_plain_keys_pending (late false) or of
+// idempotency_archive_late_keys_pending (migration 010, late true). Index
+// records both kinds of row in either.
 const pendingSQL = `
-SELECT expired_from, expired_to, after_key, after_expired_at
-  FROM idempotency_archive_plain_keys_pending
- ORDER BY expired_from, expired_to
+SELECT late, expired_from, expired_to, after_key, after_expired_at
+  FROM (SELECT false, expired_from, expired_to, after_key, after_expired_at
+          FROM idempotency_archive_plain_keys_pending
+        UNION ALL
+        SELECT true, expired_from, expired_to, after_key, after_expired_at
+          FROM idempotency_archive_late_keys_pending) AS pending (late, expired_from, expired_to, after_key, after_expired_at)
+ ORDER BY expired_from, expired_to, late
  LIMIT 1`
 
 // indexSQL records the next $5 archive rows of the range [$1, $2) after the
-// primary key ($3, $4), and returns how many it read and recorded and the
+// primary key ($3, $4), by the rule of the archive's trigger (migration
+// 010: keys without a timestamp, and keys used long after theirs), and
+// returns how many it read and recorded and the
 // last primary key read. A range that ends at infinity includes it
 // (indexToInfinitySQL): a row can expire at 'infinity' in a partition
 // bounded by MAXVALUE.
+//
+// A batch in primary-key order spans every expiry of its range, so the bound
+// of the late rule is not the trigger's one a statement (that would record
+// nearly every row of older months) but one an hour of expiries: the end of
+// the hour less the span (idempotency_key_expiry_hour: UTC hours, each
+// starting at or before every expiry in it), which every late row of the
+// hour lies before.
 const indexSQL = `
 WITH next AS MATERIALIZED (
     SELECT scoped_key, expired_at
@@ -92,11 +115,18 @@ WITH next AS MATERIALIZED (
      ORDER BY scoped_key, expired_at
      LIMIT $5
 ),
+bounds AS MATERIALIZED (
+    SELECT h, idempotency_key_time_bound(b, true) AS ulid, idempotency_key_time_bound(b, false) AS uuid
+      FROM (SELECT h, idempotency_key_late_bound(h, idempotency_key_prompt_span() - interval '1 hour')
+              FROM (SELECT DISTINCT idempotency_key_expiry_hour(expired_at) FROM next) AS hours (h)) AS t (h, b)
+),
 recorded AS (
     INSERT INTO idempotency_archive_plain_keys (key_hash, expired_at)
-    SELECT idempotency_key_hash(scoped_key), expired_at
-      FROM next
-     WHERE NOT idempotency_key_has_time(scoped_key)
+    SELECT idempotency_key_hash(n.scoped_key), n.expired_at
+      FROM next AS n
+      JOIN bounds AS b ON b.h = idempotency_key_expiry_hour(n.expired_at)
+     WHERE NOT idempotency_key_has_time(n.scoped_key)
+        OR idempotency_key_time_before(n.scoped_key, b.ulid, b.uuid)
     ON CONFLICT DO NOTHING
     RETURNING 1
 ),
@@ -116,6 +146,13 @@ UPDATE idempotency_archive_plain_keys_pending
 const finishSQL = `
 DELETE FROM idempotency_archive_plain_keys_pending
  WHERE expired_from = $1 AND expired_to = $2`
+
+// lateAdvanceSQL and lateFinishSQL are advanceSQL and finishSQL for a range
+// of idempotency_archive_late_keys_pending.
+var (
+	lateAdvanceSQL = strings.Replace(advanceSQL, "idempotency_archive_plain_keys_pending", "idempotency_archive_late_keys_pending", 1)
+	lateFinishSQL  = strings.Replace(finishSQL, "idempotency_archive_plain_keys_pending", "idempotency_archive_late_keys_pending", 1)
+)
 
 // Limits bounds the statements of Index and Prune: each waits for a lock at
 // most LockTimeout (0: until the deadline) and runs at most until the
@@ -166,8 +203,9 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 		}
 		var from, to, afterExpiry pgtype.Timestamptz
 		var afterKey string
+		var late bool
 		err := l.inTx(ctx, conn, deadline, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, pendingSQL).Scan(&from, &to, &afterKey, &afterExpiry)
+			return tx.QueryRow(ctx, pendingSQL).Scan(&late, &from, &to, &afterKey, &afterExpiry)
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return p, nil
@@ -189,11 +227,15 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 			if err := tx.QueryRow(ctx, sql, from, to, afterKey, afterExpiry, size).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
 				return err
 			}
+			advance, finish := advanceSQL, finishSQL
+			if late {
+				advance, finish = lateAdvanceSQL, lateFinishSQL
+			}
 			if scanned < int64(size) {
-				_, err := tx.Exec(ctx, finishSQL, from, to)
+				_, err := tx.Exec(ctx, finish, from, to)
 				return err
 			}
-			_, err := tx.Exec(ctx, advanceSQL, from, to, *lastKey, lastExpiry)
+			_, err := tx.Exec(ctx, advance, from, to, *lastKey, lastExpiry)
 			return err
 		})
 		if outOfTime(err, deadline) && ctx.Err() == nil {
@@ -211,12 +253,16 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 	}
 }
 
+const countPendingSQL = `
+SELECT (SELECT count(*) FROM idempotency_archive_plain_keys_pending)
+     + (SELECT count(*) FROM idempotency_archive_late_keys_pending)`
+
 // countLeft counts the pending ranges, within a few seconds whatever the
 // run's deadline (it reports, it does no work).
 func (p *Progress) countLeft(ctx context.Context, conn *pgx.Conn, l Limits) error {
 	var n int
 	err := l.inTx(ctx, conn, time.Now().Add(2*time.Second), func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys_pending").Scan(&n)
+		return tx.QueryRow(ctx, countPendingSQL).Scan(&n)
 	})
 	if err != nil {
 		return fmt.Errorf("plain keys: count pending ranges: %w", err)

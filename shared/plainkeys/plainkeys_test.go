@@ -21,8 +21,8 @@ var limits = plainkeys.Limits{LockTimeout: time.Second}
 // month is the current one: dbtest.Partition creates it.
 var month = partition.MonthStart(time.Now())
 
-// archiveUnrecorded archives n plain and n timestamped keys in month and
-// forgets the records of the plain ones, as for rows archived before
+// archiveUnrecorded archives n plain and n timestamped keys (used as they
+// were minted) in month and forgets the records of the plain ones, as for rows archived before
 // migration 006, and marks everything pending as that migration does.
 func archiveUnrecorded(t *testing.T, db *dbtest.DB, n int) []string {
 	t.Helper()
@@ -32,7 +32,7 @@ func archiveUnrecorded(t *testing.T, db *dbtest.DB, n int) []string {
 		plain = append(plain, key)
 		dbtest.InsertArchive(t, db.Pool,
 			dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: month.Add(time.Duration(i) * time.Hour)},
-			dbtest.ArchiveRow{Key: fmt.Sprintf("idem:v1:01JD%022d", i), Status: 201, ExpiredAt: month.Add(time.Duration(i) * time.Hour)})
+			dbtest.ArchiveRow{Key: "idem:v1:" + dbtest.ULID(month.Add(time.Duration(i-24)*time.Hour), fmt.Sprintf("%016d", i)), Status: 201, ExpiredAt: month.Add(time.Duration(i) * time.Hour)})
 	}
 	_, err := db.Pool.Exec(context.Background(), `
 		TRUNCATE idempotency_archive_plain_keys;
@@ -122,6 +122,46 @@ func TestIndexStopsAtItsDeadlineBetweenBatches(t *testing.T) {
 	}
 	require.EqualValues(t, 10, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
 	lookupAll(t, db.NewPool(t, dbtest.AsRole(schema.ReaderRole)), plain)
+}
+
+// Rows archived before migration 010 lie in its pending range: Index
+// records the late ones among them (timestamped keys used long after their
+// timestamp), and removes the range, while the range of migration 006 is
+// not reopened.
+func TestIndexRecordsLateRowsOfThePendingRange(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 1)
+	ctx := context.Background()
+	var late []string
+	for i := range 12 {
+		expired := month.Add(time.Duration(i) * time.Hour)
+		minted := expired.Add(-archive.PromptSpan + time.Hour + time.Millisecond) // used promptly enough: not recorded
+		if i%2 == 0 {
+			minted = expired.Add(-archive.PromptSpan - time.Millisecond)
+			late = append(late, fmt.Sprintf("idem:v1:late-%02d:%s", i, dbtest.UUIDv7(minted, uint64(i))))
+			dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: late[len(late)-1], Status: 201, ExpiredAt: expired})
+			continue
+		}
+		dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:" + dbtest.ULID(minted, fmt.Sprintf("%016d", i)), Status: 201, ExpiredAt: expired})
+	}
+	require.EqualValues(t, 6, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"), "the trigger records the late rows")
+	_, err := db.Pool.Exec(ctx, `
+		TRUNCATE idempotency_archive_plain_keys;
+		INSERT INTO idempotency_archive_late_keys_pending (expired_from, expired_to) VALUES ('-infinity', 'infinity')`)
+	require.NoError(t, err)
+
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	p, err := plainkeys.Index(ctx, conn.Conn(), 5, limits, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, plainkeys.Progress{Scanned: 12, Recorded: 6, RangesDone: 1}, p)
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_late_keys_pending"))
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+	for _, k := range late {
+		require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash($1)", k), k)
+	}
 }
 
 func TestPruneDeletesOnlyRecordsOfMonthsNoPartitionHolds(t *testing.T) {

@@ -35,7 +35,8 @@ BEGIN
           JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
          WHERE c.relowner <> 'idempotency_owner'::regrole
            AND (c.relname IN ('idempotency_keys', 'idempotency_key_archive', 'idempotency_writers',
-                              'idempotency_archive_plain_keys', 'idempotency_archive_plain_keys_pending')
+                              'idempotency_archive_plain_keys', 'idempotency_archive_plain_keys_pending',
+                              'idempotency_archive_late_keys_pending')
                 OR c.oid IN (SELECT inhrelid FROM pg_inherits
                               WHERE inhparent = format('%I.idempotency_key_archive', current_schema())::regclass))
            AND c.relkind IN ('r', 'p')
@@ -47,7 +48,9 @@ BEGIN
           FROM pg_proc p
           JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = current_schema()
          WHERE p.proname IN ('idempotency_record_unbounded_writer', 'idempotency_index_plain_keys',
-                             'idempotency_key_has_time', 'idempotency_key_hash')
+                             'idempotency_key_has_time', 'idempotency_key_hash', 'idempotency_key_prompt_span',
+                             'idempotency_key_time_bound', 'idempotency_key_late_bound', 'idempotency_key_time_before',
+                             'idempotency_key_expiry_hour')
            AND p.proowner <> 'idempotency_owner'::regrole
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);
@@ -59,7 +62,8 @@ BEGIN
     -- requires UPDATE on at least one column for SELECT ... FOR UPDATE SKIP LOCKED,
     -- so it gets UPDATE on the single column expires_at; it never issues UPDATE.
     EXECUTE format('REVOKE ALL ON TABLE %1$I.idempotency_keys, %1$I.idempotency_key_archive, %1$I.idempotency_writers, '
-                   '%1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending '
+                   '%1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending, '
+                   '%1$I.idempotency_archive_late_keys_pending '
                    'FROM idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
     EXECUTE format('GRANT SELECT, DELETE ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
     EXECUTE format('GRANT UPDATE (expires_at) ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
@@ -75,9 +79,11 @@ BEGIN
     -- far back a key's rows can lie.
     EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_key_archive TO idempotency_reader', current_schema());
     EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_writers TO idempotency_reader', current_schema());
-    -- Where the rows of keys without a timestamp are (written only by the
-    -- archive's trigger, as the owner).
-    EXECUTE format('GRANT SELECT ON TABLE %1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending TO idempotency_reader',
+    -- Where the rows of keys without a timestamp, and of keys used long after
+    -- their timestamp, are (written only by the archive's trigger, as the
+    -- owner).
+    EXECUTE format('GRANT SELECT ON TABLE %1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending, '
+                   '%1$I.idempotency_archive_late_keys_pending TO idempotency_reader',
                    current_schema());
 
     -- API services (the Postgres live store) register, complete and release

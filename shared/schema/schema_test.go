@@ -17,6 +17,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 	"github.com/idemarchive/idemarchive/shared/livestore"
+	"github.com/idemarchive/idemarchive/shared/plainkeys"
 	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
@@ -224,6 +225,55 @@ func TestUpgradeKeepsPlainKeysArchivedBeforeReachable(t *testing.T) {
 	require.NoError(t, err, "the pending range reaches the row archived before migration 006")
 	require.Equal(t, 201, rec.Status)
 	_, err = r.Lookup(ctx, "idem:v1:never", nil)
+	require.ErrorIs(t, err, archive.ErrNotFound)
+}
+
+// Upgrading a database whose archive holds rows marks them all pending for
+// migration 010's rule (rows of timestamped keys used long after their
+// timestamp), so that such a key's lookup still finds them until the
+// partition manager has recorded them; a Reader on a schema from before the
+// migration reads every month from the key's timestamp on.
+func TestUpgradeKeepsLateRowsArchivedBeforeReachable(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	conn, url := upgradedSchema(t, db)
+	_, err := schema.MigrateTo(ctx, conn, logger, 9)
+	require.NoError(t, err)
+	minted := time.Now().AddDate(0, -4, 0)
+	late := "idem:v1:" + dbtest.UUIDv7(minted, 7)
+	expired := time.Now().Add(-time.Hour)
+	_, err = conn.Exec(ctx, "CREATE TABLE idempotency_key_archive_all PARTITION OF idempotency_key_archive FOR VALUES FROM (MINVALUE) TO (MAXVALUE)")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ($1, '\x00', 201, $2, $3)`, late, expired.Add(-24*time.Hour), expired)
+	require.NoError(t, err)
+
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	r, err := archive.NewReader(pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	find := func(msg string) {
+		t.Helper()
+		rec, err := r.Lookup(ctx, late, nil)
+		require.NoError(t, err, msg)
+		require.Equal(t, 201, rec.Status, msg)
+	}
+	find("a schema without migration 010: every month since the key's timestamp is read")
+
+	_, err = schema.Migrate(ctx, conn, logger)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, dbtest.Count(t, pool, "SELECT count(*) FROM idempotency_archive_late_keys_pending WHERE expired_from = '-infinity' AND expired_to = 'infinity'"))
+	require.Zero(t, dbtest.Count(t, pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"), "keys without a timestamp were recorded already")
+	find("the pending range reaches the row archived before migration 010")
+
+	p, err := plainkeys.Index(ctx, conn, 100, plainkeys.Limits{}, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, plainkeys.Progress{Scanned: 1, Recorded: 1, RangesDone: 1}, p)
+	find("recorded")
+	_, err = r.Lookup(ctx, "idem:v1:"+dbtest.UUIDv7(minted, 8), nil)
 	require.ErrorIs(t, err, archive.ErrNotFound)
 }
 

@@ -1,0 +1,413 @@
+package archive_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/keytime"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/schema"
+)
+
+// The span the lookup reads past a key's timestamp is the one the trigger
+// records rows beyond.
+func TestPromptSpanIsTheSchemas(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	var span pgtype.Interval
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT idempotency_key_prompt_span()").Scan(&span))
+	require.Equal(t, pgtype.Interval{Microseconds: archive.PromptSpan.Microseconds(), Valid: true}, span)
+}
+
+// timeBeforeSQL asks the SQL rule whether $1's timestamp lies before $2.
+const timeBeforeSQL = `
+SELECT idempotency_key_has_time($1),
+       idempotency_key_time_before($1, idempotency_key_time_bound($2, true), idempotency_key_time_bound($2, false))`
+
+// The SQL comparison of a key's timestamp with an instant agrees with
+// keytime.FromKey on every key that has a timestamp, at and around the
+// instants where encodings change: the millisecond, the epoch, 2^48 ms, and
+// the infinities.
+func FuzzLateRuleMatchesKeytime(f *testing.F) {
+	ts := time.Date(2026, 11, 20, 8, 30, 0, 123e6, time.UTC)
+	for _, key := range []string{
+		"idem:v1:" + dbtest.ULID(ts, ""), strings.ToLower(dbtest.ULID(ts, "")), dbtest.UUIDv7(ts, 1), strings.ToUpper(dbtest.UUIDv7(ts, 2)),
+		dbtest.ULID(time.UnixMilli(0), ""), dbtest.UUIDv7(time.UnixMilli(0), 3), "7ZZZZZZZZZZZZZZZZZZZZZZZZZ", "ffffffff-ffff-7fff-bfff-ffffffffffff",
+		"idem:v1:probe", "t:" + dbtest.ULID(ts, "7ZZZZZZZZZZZZZZZ"),
+	} {
+		k, _ := keytime.FromKey(key)
+		for _, d := range []int64{-1001, -1000, -999, -1, 0, 1, 999, 1000, 1001, 86400e6 * 9} {
+			f.Add(key, k.UnixMicro()+d)
+		}
+		f.Add(key, int64(0))
+		f.Add(key, int64(-1))
+		f.Add(key, int64(1)<<48*1000-1)
+		f.Add(key, int64(1)<<48*1000)
+		f.Add(key, int64(1)<<48*1000+1)
+		f.Add(key, pgtype.Timestamptz{}.Time.UnixMicro()) // year 1
+		f.Add(key, int64(math.MinInt64))
+		f.Add(key, int64(math.MaxInt64))
+	}
+	db := dbtest.New(f)
+	f.Fuzz(func(t *testing.T, key string, instantMicros int64) {
+		if !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0 {
+			return
+		}
+		// PostgreSQL's range starts in 4714 BC; int64 microseconds end
+		// before it does, in 294247 AD. The extremes stand for infinity.
+		instant := pgtype.Timestamptz{Time: time.UnixMicro(instantMicros).UTC(), Valid: true}
+		switch {
+		case instantMicros < -210866803200e6:
+			instant = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+		case instantMicros == math.MaxInt64:
+			instant = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+		}
+		var hasTime bool
+		var before *bool
+		if err := db.Pool.QueryRow(context.Background(), timeBeforeSQL, key, instant).Scan(&hasTime, &before); err != nil {
+			t.Fatalf("key %q, instant %v: %v", key, instant, err)
+		}
+		kt, ok := keytime.FromKey(key)
+		if !ok || !hasTime {
+			return // meaningless, and the trigger records such a key anyway
+		}
+		want := instant.InfinityModifier == pgtype.Infinity || (instant.InfinityModifier == pgtype.Finite && kt.Before(instant.Time))
+		if before == nil || *before != want {
+			t.Fatalf("key %q (timestamp %s), instant %v: SQL says %v, keytime says %v", key, kt.Format(time.RFC3339Nano), instant, before, want)
+		}
+	})
+}
+
+// lateRow is an archive row of a timestamped key and whether the trigger
+// recorded it.
+type lateRow struct {
+	Key      string
+	Expired  time.Time
+	Recorded bool
+}
+
+// Every archive row that expired more than PromptSpan after its key's
+// timestamp is recorded, through every way a row enters the archive and
+// under any TimeZone; a row is recorded beyond that only when its key's
+// timestamp lies before the trigger's bound less the span, and a row
+// archived alone only when it is late.
+func TestEveryLateRowIsRecorded(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 1)
+	ctx := context.Background()
+	sweeper := db.NewPool(t, dbtest.AsRole(schema.SweeperRole), dbtest.WithParam("TimeZone", "Asia/Kolkata"))
+	month := partition.MonthStart(time.Now())
+	rng := rand.New(rand.NewPCG(1, 2))
+
+	// Rows whose lateness lies around the span, to the millisecond, and
+	// far from it either way; ULIDs in both cases, UUIDs in both cases.
+	const n, q = 4000, 1000
+	var rows []lateRow
+	for i := range n {
+		expired := month.Add(time.Duration(rng.Int64N(int64(27 * 24 * time.Hour))))
+		if i < q {
+			// The first quarter, a sweep batch's: all within an hour.
+			expired = month.Add(50*time.Hour + time.Duration(rng.Int64N(int64(time.Hour))))
+		}
+		var late time.Duration
+		switch i % 4 {
+		case 0:
+			late = archive.PromptSpan + time.Duration(rng.Int64N(int64(4*time.Hour))) - 2*time.Hour
+		case 1:
+			late = archive.PromptSpan + time.Duration(rng.Int64N(5)-2)*time.Millisecond
+		case 2:
+			late = time.Duration(rng.Int64N(int64(400 * 24 * time.Hour)))
+		default:
+			late = -time.Duration(rng.Int64N(int64(time.Hour)))
+		}
+		minted := expired.Add(-late)
+		var key string
+		switch i % 5 {
+		case 0:
+			key = dbtest.ULID(minted, fmt.Sprintf("%016d", i))
+		case 1:
+			key = strings.ToLower(dbtest.ULID(minted, fmt.Sprintf("%016d", i)))
+		case 2:
+			key = dbtest.UUIDv7(minted, uint64(i))
+		case 3:
+			key = strings.ToUpper(dbtest.UUIDv7(minted, uint64(i)))
+		default:
+			key = "t=acme:" + dbtest.ULID(minted, fmt.Sprintf("%016d", i))
+		}
+		rows = append(rows, lateRow{Key: "idem:v1:" + key, Expired: expired.Truncate(time.Microsecond)})
+	}
+	// A quarter in one statement as a sweep batch runs it, a quarter in one
+	// without the bulk setting, a quarter by COPY, a quarter one by one.
+	insert := func(tx pgx.Tx, part []lateRow) {
+		keys, expiries := make([]string, len(part)), make([]time.Time, len(part))
+		for i, r := range part {
+			keys[i], expiries[i] = r.Key, r.Expired
+		}
+		_, err := tx.Exec(ctx, `
+			INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+			SELECT k, '\x00', 201, e - interval '1 day', e FROM unnest($1::text[], $2::timestamptz[]) AS r (k, e)`, keys, expiries)
+		require.NoError(t, err)
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, sweeper, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SET LOCAL idemarchive.bulk_archive = 'on'")
+		require.NoError(t, err)
+		insert(tx, rows[:q])
+		return nil
+	}))
+	require.NoError(t, pgx.BeginFunc(ctx, sweeper, func(tx pgx.Tx) error { insert(tx, rows[q:2*q]); return nil }))
+	copied := make([][]any, 0, q)
+	for _, r := range rows[2*q : 3*q] {
+		copied = append(copied, []any{r.Key, []byte{0}, 201, r.Expired.Add(-time.Hour), r.Expired})
+	}
+	_, err := sweeper.CopyFrom(ctx, pgx.Identifier{"idempotency_key_archive"},
+		[]string{"scoped_key", "fingerprint", "status_code", "created_at", "expired_at"}, pgx.CopyFromRows(copied))
+	require.NoError(t, err)
+	for _, r := range rows[3*q:] {
+		require.NoError(t, pgx.BeginFunc(ctx, sweeper, func(tx pgx.Tx) error { insert(tx, []lateRow{r}); return nil }))
+	}
+	newest := func(part []lateRow) time.Time {
+		var n time.Time
+		for _, r := range part {
+			if r.Expired.After(n) {
+				n = r.Expired
+			}
+		}
+		return n
+	}
+	oldest := func(part []lateRow) time.Time {
+		o := part[0].Expired
+		for _, r := range part {
+			if r.Expired.Before(o) {
+				o = r.Expired
+			}
+		}
+		return o
+	}
+	// The trigger's bound: the latest expiry of a statement whose rows all
+	// expire within an hour, else the end of the row's hour.
+	bounds := map[string]time.Time{}
+	bound := func(part []lateRow) {
+		spread := newest(part).Sub(oldest(part))
+		for _, r := range part {
+			bounds[r.Key] = newest(part)
+			if spread > time.Hour {
+				bounds[r.Key] = r.Expired.Truncate(time.Hour).Add(time.Hour)
+			}
+		}
+	}
+	bound(rows[:q])
+	bound(rows[q : 2*q])
+	bound(rows[2*q : 3*q])
+	for _, r := range rows[3*q:] {
+		bound([]lateRow{r})
+	}
+	requireLateRule(t, db, rows, bounds)
+
+	// An owner's UPDATE that moves rows to later expiries records them again.
+	_, err = db.Pool.Exec(ctx, "UPDATE idempotency_key_archive SET expired_at = expired_at + interval '26 hours' WHERE status_code = 201 AND expired_at < $1", month.AddDate(0, 0, 2))
+	require.NoError(t, err)
+	var moved []lateRow
+	for _, r := range rows {
+		if r.Expired.Before(month.AddDate(0, 0, 2)) {
+			moved = append(moved, lateRow{Key: r.Key, Expired: r.Expired.Add(26 * time.Hour)})
+		}
+	}
+	require.NotEmpty(t, moved)
+	bound(moved)
+	requireLateRule(t, db, moved, bounds)
+}
+
+// requireLateRule checks each row's record against the rule, bound[key]
+// being the trigger's bound for the row.
+func requireLateRule(t *testing.T, db *dbtest.DB, rows []lateRow, bound map[string]time.Time) {
+	t.Helper()
+	keys, expiries := make([]string, len(rows)), make([]time.Time, len(rows))
+	for i, r := range rows {
+		keys[i], expiries[i] = r.Key, r.Expired
+	}
+	got, err := db.Pool.Query(context.Background(), `
+		SELECT k, e, EXISTS (SELECT 1 FROM idempotency_archive_plain_keys p WHERE p.key_hash = idempotency_key_hash(k) AND p.expired_at = e)
+		  FROM unnest($1::text[], $2::timestamptz[]) AS r (k, e)`, keys, expiries)
+	require.NoError(t, err)
+	recorded, err := pgx.CollectRows(got, pgx.RowToStructByPos[lateRow])
+	require.NoError(t, err)
+	require.Len(t, recorded, len(rows))
+	var late int
+	for _, r := range recorded {
+		minted, ok := keytime.FromKey(r.Key)
+		require.True(t, ok, r.Key)
+		if minted.Before(r.Expired.Add(-archive.PromptSpan)) {
+			late++
+			require.True(t, r.Recorded, "key %q minted %s, expired %s: late and not recorded", r.Key, minted, r.Expired)
+		} else if r.Recorded {
+			require.True(t, minted.Before(bound[r.Key].Add(-archive.PromptSpan)), "key %q minted %s, expired %s: recorded, though not late by the trigger's bound", r.Key, minted, r.Expired)
+		}
+	}
+	require.NotZero(t, late)
+}
+
+// Expiries that leave PostgreSQL's arithmetic range, or the keys' 48-bit
+// milliseconds, are judged without an error, as the rule says.
+func TestLateBoundsAtTheEdgesOfTime(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	// Rows at those edges go through the trigger, alone and together.
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE idempotency_key_archive_edges PARTITION OF idempotency_key_archive FOR VALUES FROM (MINVALUE) TO (MAXVALUE)`)
+	require.NoError(t, err)
+	key := "idem:v1:" + dbtest.UUIDv7(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), 9)
+	for _, together := range []bool{false, true} {
+		expiries := []string{"infinity", "294276-12-31 23:59:59.999999+00", "10889-08-02 05:00:00+00", "4713-11-24 00:00:00+00 BC", "-infinity"}
+		var groups [][]string
+		if together {
+			groups = [][]string{expiries}
+		} else {
+			for _, e := range expiries {
+				groups = append(groups, []string{e})
+			}
+		}
+		_, err := db.Pool.Exec(ctx, "TRUNCATE idempotency_key_archive, idempotency_archive_plain_keys")
+		require.NoError(t, err)
+		for _, g := range groups {
+			_, err := db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+				SELECT $1, '\x00', 201, now(), e FROM unnest($2::text[]) AS r (t), LATERAL (SELECT t::timestamptz) AS x (e)`, key, g)
+			require.NoError(t, err, g)
+		}
+		var recorded []string
+		rows, err := db.Pool.Query(ctx, "SELECT expired_at::text FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash($1) ORDER BY expired_at", key)
+		require.NoError(t, err)
+		recorded, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.Equal(t, []string{"10889-08-02 05:00:00+00", "294276-12-31 23:59:59.999999+00", "infinity"}, recorded, "together: %v", together)
+	}
+
+	// The encodings of an instant a key's timestamp can hold.
+	enc := func(ms int64) (string, string) {
+		u := dbtest.UUIDv7(time.UnixMilli(ms), 0)
+		return dbtest.ULID(time.UnixMilli(ms), "")[:10], u[:8] + u[9:13]
+	}
+	u1, h1 := enc(3_600_000)
+	u2, h2 := enc(time.Date(10889, 7, 25, 5, 0, 0, 0, time.UTC).UnixMilli())
+	for _, tc := range []struct {
+		expired string
+		ulid    string
+		uuid    string
+	}{
+		{"-infinity", "", ""},
+		{"4713-11-24 00:00:00+00 BC", "", ""},
+		{"1970-01-01 00:00:00+00", "", ""},
+		{"1970-01-09 00:00:00+00", "", ""}, // less the span, the epoch: no timestamp lies before it
+		{"1970-01-09 01:00:00+00", u1, h1}, // an hour past the epoch
+		{"10889-08-02 05:00:00+00", u2, h2},
+		{"10889-08-12 00:00:00+00", "8", "g"}, // past 2^48 ms: every key's timestamp lies before
+		{"10890-01-01 00:00:00+00", "8", "g"},
+		{"294276-12-31 23:59:59.999999+00", "8", "g"},
+		{"infinity", "8", "g"},
+	} {
+		var ulid, uuid string
+		err := db.Pool.QueryRow(ctx, `
+			SELECT idempotency_key_time_bound(idempotency_key_late_bound($1::timestamptz, idempotency_key_prompt_span()), true),
+			       idempotency_key_time_bound(idempotency_key_late_bound($1::timestamptz, idempotency_key_prompt_span()), false)`, tc.expired).Scan(&ulid, &uuid)
+		require.NoError(t, err, tc.expired)
+		require.Equal(t, tc.ulid, ulid, tc.expired)
+		require.Equal(t, tc.uuid, uuid, tc.expired)
+	}
+}
+
+// A key minted long ago reads the months of its prompt span, and those of
+// the late rows recorded for it (a late first use, a second life): not every
+// month since its timestamp. What it cannot rule out (a range still
+// pending, a database that judges the key otherwise) it reads.
+func TestAKeyMintedLongAgoReadsItsSpanAndItsLateRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	minted := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC)
+	key := "idem:v1:" + dbtest.UUIDv7(minted, 1)
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: minted.Add(24 * time.Hour)})
+	r := newReader(t, b.reader, nil)
+	rec, err := r.Lookup(ctx, key, nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+	require.Equal(t, []string{"idempotency_key_archive_2026_02"}, explainLookup(t, b.reader, r, key))
+	stmts, err := r.LookupStatements(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, stmts, 3, "where the late rows are, the archive, the proof")
+
+	// Another key of February, never archived: its span alone is read.
+	other := "idem:v1:" + dbtest.ULID(minted, "")
+	require.Equal(t, pgtype.Timestamptz{Time: minted.Add(archive.PromptSpan), Valid: true}, archive.ExpiryRange(r, other)[1])
+	_, err = r.Lookup(ctx, other, nil)
+	require.ErrorIs(t, err, archive.ErrNotFound)
+
+	// The key used again in November (the archive was unreachable, and a
+	// middleware failing open ran it): that row is recorded, and answers.
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 202, ExpiredAt: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)})
+	rec, err = r.Lookup(ctx, key, nil)
+	require.NoError(t, err)
+	require.Equal(t, 202, rec.Status)
+	touched := explainLookup(t, b.reader, r, key)
+	require.Contains(t, touched, "idempotency_key_archive_2026_02")
+	require.Contains(t, touched, "idempotency_key_archive_2026_11")
+	require.NotContains(t, touched, "idempotency_key_archive_2026_12")
+
+	// Its record lost, but its month pending (rows archived before
+	// migration 010): still found.
+	_, err = b.db.Pool.Exec(ctx, "DELETE FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash($1)", key)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(ctx, "INSERT INTO idempotency_archive_late_keys_pending (expired_from, expired_to) VALUES ('2026-11-01', '2026-12-01')")
+	require.NoError(t, err)
+	rec, err = r.Lookup(ctx, key, nil)
+	require.NoError(t, err)
+	require.Equal(t, 202, rec.Status)
+	_, err = b.db.Pool.Exec(ctx, "TRUNCATE idempotency_archive_late_keys_pending")
+	require.NoError(t, err)
+	rec, err = r.Lookup(ctx, key, nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status, "nothing says the November row is there: this proves the test reads what it means to")
+
+	// A database whose span is not the Reader's (changed by hand) cannot
+	// say which rows are late: everything up to now is read.
+	_, err = b.db.Pool.Exec(ctx, "CREATE OR REPLACE FUNCTION idempotency_key_prompt_span() RETURNS interval LANGUAGE sql IMMUTABLE AS $$ SELECT interval '400 days' $$")
+	require.NoError(t, err)
+	rec, err = r.Lookup(ctx, key, nil)
+	require.NoError(t, err)
+	require.Equal(t, 202, rec.Status)
+	require.Contains(t, explainLookup(t, b.reader, r, key), "idempotency_key_archive_2026_11")
+}
+
+// The database must read a key's timestamp as keytime does, or a lookup
+// would trust records kept by another reading: one that differs (a rule
+// changed by hand) makes the lookup read everything up to now.
+func TestADatabaseThatReadsTheTimestampOtherwiseIsNotTrusted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	minted := time.Date(2026, 3, 10, 0, 0, 0, 0, time.UTC)
+	key := "idem:v1:" + dbtest.ULID(minted, "")
+	r := newReader(t, b.reader, nil)
+	require.Equal(t, pgtype.Timestamptz{Time: minted.Add(archive.PromptSpan), Valid: true}, archive.ExpiryRange(r, key)[1])
+	// A rule that reads a ULID's timestamp a day late.
+	_, err := b.db.Pool.Exec(ctx, `
+		CREATE OR REPLACE FUNCTION idempotency_key_time_bound(instant timestamptz, ulid boolean) RETURNS text
+		    LANGUAGE sql IMMUTABLE AS $$
+		SELECT string_agg(substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((ms >> (5 * (9 - i))) & 31)::int + 1, 1), '' ORDER BY i)
+		  FROM (SELECT ceil(extract(epoch FROM instant + interval '1 day') * 1000)::bigint AS ms) AS t, generate_series(0, 9) AS i
+		$$`)
+	require.NoError(t, err)
+	upper := archive.ExpiryRange(r, key)[1].(pgtype.Timestamptz)
+	require.True(t, upper.Time.After(time.Now()), "read up to now, not %v", upper)
+}
