@@ -18,6 +18,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/plainkeys"
 	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
@@ -410,4 +411,77 @@ func TestADatabaseThatReadsTheTimestampOtherwiseIsNotTrusted(t *testing.T) {
 	require.NoError(t, err)
 	upper := archive.ExpiryRange(r, key)[1].(pgtype.Timestamptz)
 	require.True(t, upper.Time.After(time.Now()), "read up to now, not %v", upper)
+}
+
+// A range marked pending under migration 006's rule (a partition attached
+// with rows) is pending under migration 010's too, in a table a partition
+// manager from before migration 010 never reads: one that records the
+// range's rows by the old rule alone (a deploy that overlaps the migration,
+// a rollback of the code) and deletes it leaves the late rows pending,
+// still found, until the current partition manager records them.
+func TestAnOlderPartitionManagerLeavesLateRowsPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	minted := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC)
+	key := "idem:v1:" + dbtest.ULID(minted, "")
+	const month = "idempotency_key_archive_2026_10"
+	for _, q := range []string{
+		"ALTER TABLE idempotency_key_archive DETACH PARTITION " + month,
+		"INSERT INTO " + month + ` (scoped_key, fingerprint, status_code, created_at, expired_at)
+		 VALUES ('` + key + `', '\x00', 201, '2026-10-14 00:00:00+00', '2026-10-15 00:00:00+00')`,
+		"ALTER TABLE idempotency_key_archive ATTACH PARTITION " + month + " FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00')",
+		// As the partition manager marks a month it attached with rows.
+		`INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ('2026-10-01 00:00:00+00', '2026-11-01 00:00:00+00')
+		 ON CONFLICT (expired_from, expired_to) DO UPDATE SET after_key = '', after_expired_at = '-infinity'`,
+	} {
+		_, err := b.db.Pool.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	pendingLate := "SELECT count(*) FROM idempotency_archive_late_keys_pending WHERE expired_from = '2026-10-01 00:00:00+00' AND after_key = ''"
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, pendingLate))
+	r := newReader(t, b.reader, nil)
+	find := func(msg string) {
+		t.Helper()
+		rec, err := r.Lookup(ctx, key, nil)
+		require.NoError(t, err, msg)
+		require.Equal(t, 201, rec.Status, msg)
+	}
+	find("pending under both rules")
+
+	// The older partition manager: the key has a timestamp, so its rule
+	// records nothing, and it deletes the range.
+	_, err := b.db.Pool.Exec(ctx, "DELETE FROM idempotency_archive_plain_keys_pending")
+	require.NoError(t, err)
+	find("its late range is still pending")
+
+	// Progress on the late range, then the month marked again: the copy
+	// starts over too.
+	_, err = b.db.Pool.Exec(ctx, "INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ('2026-10-01 00:00:00+00', '2026-11-01 00:00:00+00')")
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(ctx, "UPDATE idempotency_archive_late_keys_pending SET after_key = 'idem:v1:z', after_expired_at = '2026-10-20 00:00:00+00'")
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(ctx, "UPDATE idempotency_archive_plain_keys_pending SET after_key = 'idem:v1:y', after_expired_at = '2026-10-20 00:00:00+00'")
+	require.NoError(t, err)
+	require.Zero(t, dbtest.Count(t, b.db.Pool, pendingLate), "a batch's progress on the 006 range is not a new mark")
+	_, err = b.db.Pool.Exec(ctx, `INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ('2026-10-01 00:00:00+00', '2026-11-01 00:00:00+00')
+		 ON CONFLICT (expired_from, expired_to) DO UPDATE SET after_key = '', after_expired_at = '-infinity'`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, pendingLate), "marked again, from the start")
+
+	// The older partition manager again, part of the way through the
+	// month; then the current one, which cannot carry the copy along with
+	// that range (it lies elsewhere), scans each, records the late row and
+	// clears both.
+	_, err = b.db.Pool.Exec(ctx, "UPDATE idempotency_archive_plain_keys_pending SET after_key = 'idem:v1:z', after_expired_at = '2026-10-20 00:00:00+00'")
+	require.NoError(t, err)
+	conn, err := b.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	p, err := plainkeys.Index(ctx, conn.Conn(), 100, plainkeys.Limits{}, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, plainkeys.Progress{Scanned: 1, Recorded: 1, RangesDone: 2}, p)
+	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_archive_late_keys_pending"))
+	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+	find("recorded")
 }

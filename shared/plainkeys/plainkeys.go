@@ -13,7 +13,7 @@
 //     idempotency_archive_late_keys_pending, which only lookups of
 //     timestamped keys read);
 //   - rows of a partition attached with rows in it (its bounds, in the
-//     first table).
+//     first table, which a trigger of migration 010 copies to the second).
 //
 // Index records the rows of the pending ranges, in batches in primary-key
 // order, and removes a range once every row in it is recorded. Rows inserted
@@ -154,6 +154,27 @@ var (
 	lateFinishSQL  = strings.Replace(finishSQL, "idempotency_archive_plain_keys_pending", "idempotency_archive_late_keys_pending", 1)
 )
 
+// followAdvanceSQL and followFinishSQL carry the copy of a range of
+// idempotency_archive_plain_keys_pending that migration 010 keeps in
+// idempotency_archive_late_keys_pending along with the batch that advanced
+// or finished it ($5 and $6, or $3 and $4: where the batch started). Why
+// that is safe (the invariant): a late range's position says that its rows
+// before it are recorded under the late rule; when it is where the batch
+// started, the batch (indexSQL records both rules) recorded the rows from
+// there to where it stopped. Where it is elsewhere (a partition manager
+// from before migration 010 advanced the first range alone), the copy is
+// left alone and gets its own scan, so that every range is scanned once
+// when one release does it all.
+const (
+	followAdvanceSQL = `
+UPDATE idempotency_archive_late_keys_pending
+   SET after_key = $3, after_expired_at = $4
+ WHERE expired_from = $1 AND expired_to = $2 AND after_key = $5 AND after_expired_at = $6`
+	followFinishSQL = `
+DELETE FROM idempotency_archive_late_keys_pending
+ WHERE expired_from = $1 AND expired_to = $2 AND after_key = $3 AND after_expired_at = $4`
+)
+
 // Limits bounds the statements of Index and Prune: each waits for a lock at
 // most LockTimeout (0: until the deadline) and runs at most until the
 // deadline passed to them.
@@ -227,15 +248,25 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 			if err := tx.QueryRow(ctx, sql, from, to, afterKey, afterExpiry, size).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
 				return err
 			}
-			advance, finish := advanceSQL, finishSQL
 			if late {
-				advance, finish = lateAdvanceSQL, lateFinishSQL
-			}
-			if scanned < int64(size) {
-				_, err := tx.Exec(ctx, finish, from, to)
+				if scanned < int64(size) {
+					_, err := tx.Exec(ctx, lateFinishSQL, from, to)
+					return err
+				}
+				_, err := tx.Exec(ctx, lateAdvanceSQL, from, to, *lastKey, lastExpiry)
 				return err
 			}
-			_, err := tx.Exec(ctx, advance, from, to, *lastKey, lastExpiry)
+			if scanned < int64(size) {
+				if _, err := tx.Exec(ctx, finishSQL, from, to); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, followFinishSQL, from, to, afterKey, afterExpiry)
+				return err
+			}
+			if _, err := tx.Exec(ctx, advanceSQL, from, to, *lastKey, lastExpiry); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, followAdvanceSQL, from, to, *lastKey, lastExpiry, afterKey, afterExpiry)
 			return err
 		})
 		if outOfTime(err, deadline) && ctx.Err() == nil {
@@ -253,9 +284,13 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 	}
 }
 
+// countPendingSQL counts the ranges pending in either table, a range in
+// both once (see followAdvanceSQL).
 const countPendingSQL = `
-SELECT (SELECT count(*) FROM idempotency_archive_plain_keys_pending)
-     + (SELECT count(*) FROM idempotency_archive_late_keys_pending)`
+SELECT count(*)
+  FROM (SELECT expired_from, expired_to FROM idempotency_archive_plain_keys_pending
+        UNION
+        SELECT expired_from, expired_to FROM idempotency_archive_late_keys_pending) AS pending`
 
 // countLeft counts the pending ranges, within a few seconds whatever the
 // run's deadline (it reports, it does no work).

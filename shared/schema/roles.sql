@@ -50,7 +50,7 @@ BEGIN
          WHERE p.proname IN ('idempotency_record_unbounded_writer', 'idempotency_index_plain_keys',
                              'idempotency_key_has_time', 'idempotency_key_hash', 'idempotency_key_prompt_span',
                              'idempotency_key_time_bound', 'idempotency_key_late_bound', 'idempotency_key_time_before',
-                             'idempotency_key_expiry_hour')
+                             'idempotency_key_expiry_hour', 'idempotency_copy_pending_range')
            AND p.proowner <> 'idempotency_owner'::regrole
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);

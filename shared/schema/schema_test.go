@@ -277,6 +277,56 @@ func TestUpgradeKeepsLateRowsArchivedBeforeReachable(t *testing.T) {
 	require.ErrorIs(t, err, archive.ErrNotFound)
 }
 
+// Migration 010 waits for the archive inserts under way: a sweep batch
+// that archived a late row under the previous trigger and committed after
+// the migration would otherwise leave it neither recorded nor pending (the
+// migration saw an empty archive), and its lookup would miss it.
+func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	conn, url := upgradedSchema(t, db)
+	_, err := schema.MigrateTo(ctx, conn, logger, 9)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE idempotency_key_archive_all PARTITION OF idempotency_key_archive FOR VALUES FROM (MINVALUE) TO (MAXVALUE)")
+	require.NoError(t, err)
+
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	late := "idem:v1:" + dbtest.ULID(time.Now().AddDate(0, -4, 0), "")
+	sweep, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = sweep.Rollback(ctx) }()
+	_, err = sweep.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ($1, '\x00', 201, now() - interval '2 days', now() - interval '1 day')`, late)
+	require.NoError(t, err)
+
+	var pid uint32
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := schema.Migrate(ctx, conn, logger)
+		migrated <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')", pid).Scan(&waiting)
+		return err == nil && waiting
+	}, 30*time.Second, 10*time.Millisecond, "the migration waits for the open insert")
+	require.NoError(t, sweep.Commit(ctx))
+	require.NoError(t, <-migrated)
+
+	require.EqualValues(t, 1, dbtest.Count(t, pool, "SELECT count(*) FROM idempotency_archive_late_keys_pending WHERE expired_from = '-infinity' AND expired_to = 'infinity'"),
+		"the row committed before the migration's check, which marks it pending")
+	r, err := archive.NewReader(pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	rec, err := r.Lookup(ctx, late, nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+}
+
 // upgradedSchema creates an empty schema beside db's, dropped at the end of
 // the test, for migrations from an older version, and returns a connection
 // to it and its connection string.

@@ -27,6 +27,14 @@
 -- A lookup in the late range of a key (package archive) reads
 -- idempotency_archive_plain_keys by the key's hash, and both pending tables.
 
+-- No archive row is inserted while this migration runs (lookups go on): a
+-- sweep batch that inserted under the previous trigger and committed after
+-- this migration would be neither recorded under the new rule nor seen by
+-- the EXISTS that records the pending range below. SHARE ROW EXCLUSIVE
+-- waits for the inserts under way and holds new ones until the commit,
+-- after which they run the new trigger.
+LOCK TABLE idempotency_key_archive IN SHARE ROW EXCLUSIVE MODE;
+
 -- The span, exact hours (an interval of days would follow the session's
 -- TimeZone across a DST change). archive.PromptSpan is the same; a lookup
 -- compares the two and reads every partition from the key's month on when
@@ -47,6 +55,34 @@ CREATE TABLE IF NOT EXISTS idempotency_archive_late_keys_pending (
     PRIMARY KEY (expired_from, expired_to),
     CHECK (expired_from < expired_to)
 );
+
+-- Every range marked pending under migration 006's rule (a partition
+-- attached with rows, by any release of the partition manager) is pending
+-- under this one too. A partition manager from before this migration (a
+-- deploy whose function code is not yet, or no longer after a rollback, the
+-- schema's) records a range's rows under 006's rule alone and then deletes
+-- the range: the copy here, which it never reads, keeps their late rows
+-- pending until a partition manager that knows this rule records them. A
+-- range marked again (ON CONFLICT ... DO UPDATE resets its progress) is
+-- reset here too. The current partition manager carries the copy along
+-- with the range it copies (package plainkeys), scanning it once.
+CREATE OR REPLACE FUNCTION idempotency_copy_pending_range() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    EXECUTE format(
+        'INSERT INTO %I.idempotency_archive_late_keys_pending (expired_from, expired_to) VALUES ($1, $2)
+         ON CONFLICT (expired_from, expired_to) DO UPDATE SET after_key = DEFAULT, after_expired_at = DEFAULT', TG_TABLE_SCHEMA)
+        USING NEW.expired_from, NEW.expired_to;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS idempotency_copy_pending_range ON idempotency_archive_plain_keys_pending;
+CREATE TRIGGER idempotency_copy_pending_range
+    AFTER INSERT OR UPDATE ON idempotency_archive_plain_keys_pending
+    FOR EACH ROW
+    WHEN (NEW.after_key = '' AND NEW.after_expired_at = '-infinity')
+    EXECUTE FUNCTION idempotency_copy_pending_range();
 
 -- The first characters of a key that encode instant's Unix milliseconds,
 -- rounded up to a whole millisecond: ten Crockford base32 characters, upper
