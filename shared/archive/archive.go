@@ -378,7 +378,14 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 		}
 		for {
 			proven := true
+			var lateTo pgtype.Timestamptz
 			err := r.bounded(ctx, func(b *pgx.Batch) {
+				if e.late != nil {
+					b.Queue(e.late.SQL, e.late.Args...).QueryRow(func(row pgx.Row) error {
+						var from pgtype.Timestamptz
+						return row.Scan(&from, &lateTo)
+					})
+				}
 				st := lookupStatement(scopedKey, e.earliest, e.latest, r.cfg.Now())
 				b.Queue(st.SQL, st.Args...).Query(func(rows pgx.Rows) error {
 					// Not found is an empty result, not an error: pgx drops a
@@ -397,16 +404,37 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 					b.Queue(proofSQL, e.ceiling, e.reach.Milliseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&proven) })
 				}
 			})
-			if err != nil || proven {
+			late := e.late
+			e.late = nil
+			switch {
+			case err != nil && late != nil && missingGrantOrTable(err):
+				// A schema from before migration 010, or a role that may
+				// not read its tables: read up to the ceiling, as lateBound
+				// does.
+				found, e.latest = false, e.ceiling
+				continue
+			case err != nil:
 				return err
+			case !proven:
+				// The writers changed since they were read, or the clocks
+				// disagree more than the margin: read them again next time,
+				// and this time read every partition.
+				r.forgetWriters()
+				found, e.reach = false, -1
+				e.earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+				e.latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+				continue
+			case late != nil:
+				// The read above covered the key's prompt span; its late
+				// rows, if any, lie up to lateTo: read them too. The late
+				// read's snapshot is older than the archive read's, as it
+				// would be a round trip earlier (see lateBound).
+				if widened := lateBoundFrom(lateTo, e.ts, e.ceiling); later(widened, e.latest) {
+					found, e.latest = false, widened
+					continue
+				}
 			}
-			// The writers changed since they were read, or the clocks
-			// disagree more than the margin: read them again next time,
-			// and this time read every partition.
-			r.forgetWriters()
-			found, e.reach = false, -1
-			e.earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-			e.latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+			return nil
 		}
 	})
 	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
@@ -497,6 +525,27 @@ type expiries struct {
 	ceiling pgtype.Timestamptz
 	// ran is the statement run to learn the bounds (Args the key's), if any.
 	ran *Statement
+	// late, when set, is lateKeySQL for a key with a timestamp (ts) whose
+	// latest is the end of its prompt span, before its late rows widen it:
+	// the lookup runs it in the archive read's round trip, just before it,
+	// and when its answer (lateBoundFrom, up to ceiling) lies later, reads
+	// again up to there (see Lookup).
+	late *Statement
+	ts   time.Time
+}
+
+// spanEnd returns the end of a timestamped key's prompt span, at most
+// latest: the bound of its expiries when no late row is recorded for it.
+func spanEnd(ts time.Time, latest pgtype.Timestamptz) pgtype.Timestamptz {
+	return earlier(pgtype.Timestamptz{Time: ts.Add(PromptSpan), Valid: true}, latest)
+}
+
+// earlier returns the earlier of a and b.
+func earlier(a, b pgtype.Timestamptz) pgtype.Timestamptz {
+	if later(a, b) {
+		return b
+	}
+	return a
 }
 
 // expiryRange bounds the expiries a key's archive rows can have, so that
@@ -510,7 +559,8 @@ type expiries struct {
 // the database's clock: the key is then also bounded above, by the
 // database's clock as last read plus ceilingMargin. When that leaves months
 // to read past the key's prompt span (lateReadSaves), the upper bound is
-// narrowed to the span and the key's late rows (lateBound).
+// narrowed to the span, and the lookup widens it to the key's late rows
+// (e.late, lateBound).
 //
 // A key without one: the expiries idempotency_archive_plain_keys records for
 // it, widened to every range whose rows are not all recorded yet (see
@@ -544,8 +594,9 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, e
 			return e, nil
 		}
 		e.ran = &Statement{SQL: lateKeySQL, Args: []any{scopedKey, PromptSpan, ts}}
-		e.latest, err = r.lateBound(ctx, *e.ran, ts, e.latest)
-		return e, err
+		e.late, e.ts = e.ran, ts
+		e.latest = spanEnd(ts, e.latest)
+		return e, nil
 	}
 	all.ran = &Statement{SQL: plainKeySQL, Args: []any{scopedKey}}
 	var lo, hi pgtype.Timestamptz
@@ -565,11 +616,25 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, e
 	return e, nil
 }
 
+// settledRange is expiryRange with a timestamped key's late rows read in a
+// round trip of their own: the bounds of the archive statement Lookup runs
+// last, for measurements and tests of it.
+func (r *Reader) settledRange(ctx context.Context, scopedKey string) (expiries, error) {
+	e, err := r.expiryRange(ctx, scopedKey)
+	if err != nil || e.late == nil {
+		return e, err
+	}
+	e.latest, err = r.lateBound(ctx, *e.late, e.ts, e.ceiling)
+	e.late = nil
+	return e, err
+}
+
 // lateReadSaves reports whether a timestamped key's lookup should read
 // where its late rows are (lateKeySQL) and then its prompt span and those
 // rows, rather than every month from its timestamp to latest: when that
-// spares at least two months (the read costs a round trip and about as many
-// relations as two partitions), or latest is unbounded.
+// spares at least two months (the read costs about as many relations as two
+// partitions, and a second round trip for a key with late rows), or latest
+// is unbounded.
 func lateReadSaves(ts time.Time, latest pgtype.Timestamptz) bool {
 	if latest.InfinityModifier != pgtype.Finite {
 		return true
@@ -624,14 +689,17 @@ func (r *Reader) lateBound(ctx context.Context, st Statement, ts time.Time, late
 		}
 		return latest, fmt.Errorf("read where the key's late rows are: %w", timeoutError(ctx, err))
 	}
+	return lateBoundFrom(hi, ts, latest), nil
+}
+
+// lateBoundFrom is lateBound's answer from the end of lateKeySQL's range,
+// hi (NULL when it found none).
+func lateBoundFrom(hi pgtype.Timestamptz, ts time.Time, latest pgtype.Timestamptz) pgtype.Timestamptz {
 	bound := pgtype.Timestamptz{Time: ts.Add(PromptSpan), Valid: true}
 	if hi.Valid && later(hi, bound) {
 		bound = hi
 	}
-	if later(bound, latest) {
-		bound = latest
-	}
-	return bound, nil
+	return earlier(bound, latest)
 }
 
 // later reports whether a lies after b (valid timestamps, infinities
@@ -689,7 +757,7 @@ func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Stat
 		return nil, err
 	}
 	var out []Statement
-	e, err := r.expiryRange(ctx, scopedKey)
+	e, err := r.settledRange(ctx, scopedKey)
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,7 @@ const (
 // key (when the writers' proof holds); "" when the key is known to have no
 // archive row.
 func LookupStatement(r *Reader, key string) (string, []any) {
-	e, err := r.expiryRange(context.Background(), key)
+	e, err := r.settledRange(context.Background(), key)
 	if err != nil {
 		panic(err)
 	}
@@ -40,7 +40,7 @@ func WindowStatement(key string, earliest, latest pgtype.Timestamptz, now time.T
 // ExpiryRange returns the bounds Lookup passes to LookupSQL for key; nil
 // when the key is known to have no archive row.
 func ExpiryRange(r *Reader, key string) []any {
-	e, err := r.expiryRange(context.Background(), key)
+	e, err := r.settledRange(context.Background(), key)
 	if err != nil {
 		panic(err)
 	}

@@ -6,12 +6,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
@@ -485,3 +487,46 @@ func TestAnOlderPartitionManagerLeavesLateRowsPending(t *testing.T) {
 	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
 	find("recorded")
 }
+
+// A key minted long ago with no late row recorded is looked up in one round
+// trip: the read of where its late rows are goes in the archive read's
+// batch. A recorded late row costs a second, which reads up to it.
+func TestAnOldKeyWithoutLateRowsIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	trips := &batchCounter{}
+	pool := b.db.NewPool(t, dbtest.AsRole(schema.ReaderRole), func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+	r := newReader(t, pool, nil)
+	minted := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC)
+	key := "idem:v1:" + dbtest.UUIDv7(minted, 3)
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: minted.Add(24 * time.Hour)})
+	lookup := func(status int) int64 {
+		t.Helper()
+		before := trips.batches.Load()
+		rec, err := r.Lookup(ctx, key, nil)
+		require.NoError(t, err)
+		require.Equal(t, status, rec.Status)
+		return trips.batches.Load() - before
+	}
+	lookup(201) // reads the writers too, once a minute
+	require.EqualValues(t, 1, lookup(201))
+
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 202, ExpiredAt: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)})
+	require.EqualValues(t, 2, lookup(202), "the span, then up to the late row")
+}
+
+// batchCounter counts the batches a pool sends (every statement of a
+// Reader's lookup goes in one).
+type batchCounter struct{ batches atomic.Int64 }
+
+func (c *batchCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (c *batchCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *batchCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.batches.Add(1)
+	return ctx
+}
+func (c *batchCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
