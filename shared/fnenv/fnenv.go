@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +18,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemarchive/idemarchive/shared/database"
@@ -56,9 +57,9 @@ func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Wri
 	}
 	var awsCfg *aws.Config
 	if s.Database.SecretARN != "" || s.Database.IAMAuth {
-		c, err := awsconfig.LoadDefaultConfig(ctx)
+		c, err := AWSConfig(getenv)
 		if err != nil {
-			return nil, fmt.Errorf("load AWS configuration: %w", err)
+			return nil, fmt.Errorf("AWS configuration: %w", err)
 		}
 		tracing.InstrumentAWS(&c)
 		awsCfg = &c
@@ -67,6 +68,42 @@ func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Wri
 		return database.Open(ctx, s.Database, awsCfg)
 	}, (*pgxpool.Pool).Close)
 	return env, nil
+}
+
+// AWSConfig returns a function's AWS configuration from the variables the
+// Lambda runtime sets: the region (AWS_REGION, else AWS_DEFAULT_REGION),
+// the execution role's credentials (AWS_ACCESS_KEY_ID,
+// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN; `sam local invoke` passes the
+// caller's) and, where set, an endpoint for every service (AWS_ENDPOINT_URL,
+// as LocalStack sets it).
+//
+// Not the SDK's config.LoadDefaultConfig: a function reads its credentials
+// from these variables whichever way it loads them, and the shared-file,
+// SSO, STS and instance-metadata providers the loader links in cost each
+// function's bootstrap about 2 MB and their package init a part of every
+// cold start (BENCHMARKS.md, measurement 5); the lookup function is on a
+// payment's path. Missing settings fail the function's init with a clear
+// line rather than its first connection.
+func AWSConfig(getenv func(string) string) (aws.Config, error) {
+	region := getenv("AWS_REGION")
+	if region == "" {
+		region = getenv("AWS_DEFAULT_REGION")
+	}
+	id, secret := getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_SECRET_ACCESS_KEY")
+	switch {
+	case region == "":
+		return aws.Config{}, errors.New("AWS_REGION is not set (the Lambda runtime sets it)")
+	case id == "" || secret == "":
+		return aws.Config{}, errors.New("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must both be set (the Lambda runtime sets them from the function's role)")
+	}
+	c := aws.Config{
+		Region:      region,
+		Credentials: credentials.NewStaticCredentialsProvider(id, secret, getenv("AWS_SESSION_TOKEN")),
+	}
+	if endpoint := getenv("AWS_ENDPOINT_URL"); endpoint != "" {
+		c.BaseEndpoint = aws.String(endpoint)
+	}
+	return c, nil
 }
 
 // MustLoad is Load for main: on error it prints one line and exits, which
