@@ -238,15 +238,11 @@ func TestUpgradeKeepsLateRowsArchivedBeforeReachable(t *testing.T) {
 	db := dbtest.New(t)
 	ctx := context.Background()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	conn, url := upgradedSchema(t, db)
-	_, err := schema.MigrateTo(ctx, conn, logger, 9)
-	require.NoError(t, err)
+	conn, url := archiveBefore010(t, db)
 	minted := time.Now().AddDate(0, -4, 0)
 	late := "idem:v1:" + dbtest.UUIDv7(minted, 7)
 	expired := time.Now().Add(-time.Hour)
-	_, err = conn.Exec(ctx, "CREATE TABLE idempotency_key_archive_all PARTITION OF idempotency_key_archive FOR VALUES FROM (MINVALUE) TO (MAXVALUE)")
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+	_, err := conn.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
 		VALUES ($1, '\x00', 201, $2, $3)`, late, expired.Add(-24*time.Hour), expired)
 	require.NoError(t, err)
 
@@ -286,11 +282,7 @@ func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
 	db := dbtest.New(t)
 	ctx := context.Background()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	conn, url := upgradedSchema(t, db)
-	_, err := schema.MigrateTo(ctx, conn, logger, 9)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "CREATE TABLE idempotency_key_archive_all PARTITION OF idempotency_key_archive FOR VALUES FROM (MINVALUE) TO (MAXVALUE)")
-	require.NoError(t, err)
+	conn, url := archiveBefore010(t, db)
 
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
@@ -325,6 +317,19 @@ func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
 	rec, err := r.Lookup(ctx, late, nil)
 	require.NoError(t, err)
 	require.Equal(t, 201, rec.Status)
+}
+
+// archiveBefore010 is upgradedSchema migrated to version 9, the one before
+// migration 010, with one partition that holds every expiry.
+func archiveBefore010(t *testing.T, db *dbtest.DB) (*pgx.Conn, string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, url := upgradedSchema(t, db)
+	_, err := schema.MigrateTo(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)), 9)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE idempotency_key_archive_all PARTITION OF idempotency_key_archive FOR VALUES FROM (MINVALUE) TO (MAXVALUE)")
+	require.NoError(t, err)
+	return conn, url
 }
 
 // upgradedSchema creates an empty schema beside db's, dropped at the end of
