@@ -66,6 +66,7 @@ type bundle struct {
 	reader  *archive.Reader
 	metrics *bytes.Buffer
 	redis   *redis.Client
+	prefix  string // of the Redis store's keys
 }
 
 type storeKind string
@@ -87,7 +88,7 @@ func setup(t *testing.T, kind storeKind) bundle {
 		b.store = livestore.NewPostgres(db.Pool)
 	case rds:
 		client, prefix := testenv.Redis(t)
-		b.redis = client
+		b.redis, b.prefix = client, prefix
 		b.store = livestore.NewRedis(client, db.Pool, prefix)
 	}
 	return b

@@ -385,3 +385,33 @@ func TestAFailedRegisterNeverFreesADuplicatesEntry(t *testing.T) {
 		require.Zero(t, h2.calls.Load(), "migrated=%v", migrated)
 	}
 }
+
+// An archive that stalls past the whole completion budget (a lock held by
+// a migration or a DDL statement) leaves the Redis store time to keep the
+// completed hash without expiry: a retry replays the outcome, however late,
+// and never runs the operation again.
+func TestARedisCompletionWhoseArchiveStallsKeepsTheHash(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	ctx := context.Background()
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{})
+	handler := srv.Wrap(h)
+
+	stall, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = stall.Rollback(ctx) }()
+	_, err = stall.Exec(ctx, "LOCK TABLE idempotency_key_archive IN SHARE ROW EXCLUSIVE MODE")
+	require.NoError(t, err)
+	first := post(handler, "stalled", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, first.Code)
+	require.NoError(t, stall.Rollback(ctx))
+
+	hash := b.prefix + "idem:v1:stalled"
+	t.Cleanup(func() { b.redis.Del(context.Background(), hash) })
+	require.Equal(t, time.Duration(-1), b.redis.PTTL(ctx, hash).Val(), "kept without expiry until archived")
+	require.Equal(t, "completed", b.redis.HGet(ctx, hash, "state").Val())
+	retry := post(handler, "stalled", `{"amount":1}`)
+	require.Equal(t, first.Body.String(), retry.Body.String())
+	require.EqualValues(t, 1, h.calls.Load())
+}

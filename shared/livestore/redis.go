@@ -216,7 +216,7 @@ ON CONFLICT (scoped_key, expired_at) DO NOTHING`
 func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completion) error {
 	var archiveErr error
 	if !c.ExpiresAt.IsZero() {
-		_, archiveErr = s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, c.CreatedAt, c.ExpiresAt)
+		archiveErr = s.archiveOutcome(ctx, key, c, c.CreatedAt, c.ExpiresAt)
 	}
 	h, err := s.client.HGetAll(ctx, s.prefix+key).Result()
 	if err != nil {
@@ -247,7 +247,7 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 		return completeLost(c, archiveErr)
 	}
 	if c.ExpiresAt.IsZero() {
-		_, archiveErr = s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, e.CreatedAt, e.ExpiresAt)
+		archiveErr = s.archiveOutcome(ctx, key, c, e.CreatedAt, e.ExpiresAt)
 	}
 	// Without its archive row the key must never be forgotten, or a retry
 	// after the window would run the operation again: complete it and drop
@@ -271,6 +271,23 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 		return ErrNotInFlight
 	}
 	return nil
+}
+
+// archiveOutcome writes the archive row of a completion, within half the
+// time ctx has left: the Redis steps after it must still have time to run,
+// above all the one that keeps the hash without expiry when the row could
+// not be written. An archive that stalls (a lock held by a migration or a
+// DDL statement) would otherwise use up the whole deadline, and the hash,
+// neither archived nor kept, would expire with its window: a retry after
+// it would run the operation again.
+func (s *Redis) archiveOutcome(ctx context.Context, key string, c idempotency.Completion, created, expires time.Time) error {
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-time.Until(deadline)/2))
+		defer cancel()
+	}
+	_, err := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, created, expires)
+	return err
 }
 
 // remaining is how long a completed hash lives: to the end of its window
