@@ -276,7 +276,9 @@ func TestUpgradeKeepsLateRowsArchivedBeforeReachable(t *testing.T) {
 // Migration 010 waits for the archive inserts under way: a sweep batch
 // that archived a late row under the previous trigger and committed after
 // the migration would otherwise leave it neither recorded nor pending (the
-// migration saw an empty archive), and its lookup would miss it.
+// migration saw an empty archive), and its lookup would miss it. It waits
+// without holding a place in the lock's queue, so inserts beside it never
+// wait behind it.
 func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
@@ -304,9 +306,21 @@ func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool {
 		var waiting bool
-		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')", pid).Scan(&waiting)
+		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'PgSleep')", pid).Scan(&waiting)
 		return err == nil && waiting
 	}, 30*time.Second, 10*time.Millisecond, "the migration waits for the open insert")
+	// Meanwhile inserts do not queue behind it: the migration tries its
+	// lock without waiting.
+	other := "idem:v1:" + dbtest.ULID(time.Now().AddDate(0, -5, 0), "")
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+			VALUES ($1, '\x00', 202, now() - interval '2 days', now() - interval '1 day')`, other)
+		return err
+	})
+	require.NoError(t, err, "an archive insert beside the waiting migration")
 	require.NoError(t, sweep.Commit(ctx))
 	require.NoError(t, <-migrated)
 
@@ -317,6 +331,9 @@ func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
 	rec, err := r.Lookup(ctx, late, nil)
 	require.NoError(t, err)
 	require.Equal(t, 201, rec.Status)
+	rec, err = r.Lookup(ctx, other, nil)
+	require.NoError(t, err)
+	require.Equal(t, 202, rec.Status)
 }
 
 // archiveBefore010 is upgradedSchema migrated to version 9, the one before

@@ -27,14 +27,6 @@
 -- A lookup in the late range of a key (package archive) reads
 -- idempotency_archive_plain_keys by the key's hash, and both pending tables.
 
--- No archive row is inserted while this migration runs (lookups go on): a
--- sweep batch that inserted under the previous trigger and committed after
--- this migration would be neither recorded under the new rule nor seen by
--- the EXISTS that records the pending range below. SHARE ROW EXCLUSIVE
--- waits for the inserts under way and holds new ones until the commit,
--- after which they run the new trigger.
-LOCK TABLE idempotency_key_archive IN SHARE ROW EXCLUSIVE MODE;
-
 -- The span, exact hours (an interval of days would follow the session's
 -- TimeZone across a DST change). archive.PromptSpan is the same; a lookup
 -- compares the two and reads every partition from the key's month on when
@@ -212,6 +204,31 @@ BEGIN
     END IF;
     EXECUTE entries || ' ON CONFLICT DO NOTHING' USING ulid_bound, uuid_bound;
     RETURN NULL;
+END
+$$;
+
+-- No archive row is inserted from here to the commit (lookups go on): a
+-- sweep batch that inserted under the previous trigger and committed after
+-- this migration would be neither recorded under the new rule nor seen by
+-- the EXISTS below. SHARE ROW EXCLUSIVE on the partitioned table, which
+-- every writer inserts through (migration 006), lets the inserts under way
+-- end and holds new ones until the commit, after which they run the new
+-- trigger. It is tried without waiting, every 50 ms for up to two minutes,
+-- so that inserts never queue behind a lock request that waits (on a long
+-- batch, a DETACH ... CONCURRENTLY): a completion's archive write stays as
+-- short as a batch's.
+DO $$
+BEGIN
+    FOR attempt IN 1..2400 LOOP
+        BEGIN
+            LOCK TABLE ONLY idempotency_key_archive IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05);
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'migration 010: idempotency_key_archive was never free of inserts and DETACH ... CONCURRENTLY for two minutes; run the migration again'
+        USING ERRCODE = 'lock_not_available';
 END
 $$;
 
