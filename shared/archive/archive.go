@@ -215,6 +215,11 @@ type Reader struct {
 	// reachTTL.
 	writers     writersView
 	writersRead time.Time
+	// lateUnreadable is when a lookup last found the tables of migration
+	// 010 missing or not granted: for reachTTL after it, lookups read up to
+	// their ceiling without trying them (a failed statement would cost the
+	// connection its prepared statements).
+	lateUnreadable time.Time
 }
 
 // writersView is what the writers on record allow a lookup to skip.
@@ -411,6 +416,9 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 				// A schema from before migration 010, or a role that may
 				// not read its tables: read up to the ceiling, as lateBound
 				// does.
+				r.mu.Lock()
+				r.lateUnreadable = time.Now()
+				r.mu.Unlock()
 				found, e.latest = false, e.ceiling
 				continue
 			case err != nil:
@@ -590,7 +598,7 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, e
 			e.latest = pgtype.Timestamptz{Time: r.cfg.Now().Add(w.clockOffset + ceilingMargin), Valid: true}
 		}
 		e.ceiling = e.latest
-		if !lateReadSaves(ts, e.latest) {
+		if !lateReadSaves(ts, e.latest) || r.lateTablesUnreadable() {
 			return e, nil
 		}
 		e.ran = &Statement{SQL: lateKeySQL, Args: []any{scopedKey, PromptSpan, ts}}
@@ -854,6 +862,16 @@ func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
 const maxRecordedTTL = 200 * 365 * 24 * time.Hour
 
 // forgetWriters makes the next lookup read idempotency_writers again.
+// lateTablesUnreadable reports whether a lookup found the tables of
+// migration 010 missing or not granted less than reachTTL ago. Reading up
+// to the ceiling instead is what lateBound does when they are: slower,
+// never a row missed.
+func (r *Reader) lateTablesUnreadable() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.lateUnreadable.IsZero() && time.Since(r.lateUnreadable) < reachTTL
+}
+
 func (r *Reader) forgetWriters() {
 	r.mu.Lock()
 	r.writersRead = time.Time{}

@@ -530,3 +530,41 @@ func (c *batchCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 }
 func (c *batchCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (c *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// A role that may not read migration 010's tables (a deploy whose grants
+// lag, a role made by hand) reads up to the ceiling, and after the first
+// such lookup no longer tries them for a while: each failed try costs the
+// connection its prepared statements and a round trip.
+func TestLateTablesThatCannotBeReadAreNotTriedAgainAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	role := "late_blind_" + b.db.Schema
+	for _, q := range []string{
+		"CREATE ROLE " + pgx.Identifier{role}.Sanitize() + " NOLOGIN",
+		"GRANT USAGE ON SCHEMA " + pgx.Identifier{b.db.Schema}.Sanitize() + " TO " + pgx.Identifier{role}.Sanitize(),
+		"GRANT SELECT ON idempotency_key_archive, idempotency_writers, idempotency_archive_plain_keys, idempotency_archive_plain_keys_pending TO " + pgx.Identifier{role}.Sanitize(),
+	} {
+		_, err := b.db.Pool.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	t.Cleanup(func() {
+		_, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize()+"; DROP ROLE "+pgx.Identifier{role}.Sanitize())
+	})
+	trips := &batchCounter{}
+	pool := b.db.NewPool(t, dbtest.AsRole(role), func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+	r := newReader(t, pool, nil)
+	minted := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC)
+	key := "idem:v1:" + dbtest.UUIDv7(minted, 4)
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)})
+	lookup := func() int64 {
+		t.Helper()
+		before := trips.batches.Load()
+		rec, err := r.Lookup(ctx, key, nil)
+		require.NoError(t, err)
+		require.Equal(t, 201, rec.Status, "a late row, found by reading up to the ceiling")
+		return trips.batches.Load() - before
+	}
+	require.EqualValues(t, 3, lookup(), "the writers, the late read that fails, the read up to the ceiling")
+	require.EqualValues(t, 1, lookup(), "up to the ceiling at once")
+}
