@@ -415,3 +415,22 @@ func TestARedisCompletionWhoseArchiveStallsKeepsTheHash(t *testing.T) {
 	require.Equal(t, first.Body.String(), retry.Body.String())
 	require.EqualValues(t, 1, h.calls.Load())
 }
+
+// A slow archive (a write of several seconds, within the completion budget
+// less the Redis steps' reserve) is written at the first attempt, and the
+// hash keeps its expiry.
+func TestARedisCompletionWhoseArchiveIsSlowIsArchived(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	ctx := context.Background()
+	h := &charges{}
+	handler := b.middleware(t, idempotency.Config{}).Wrap(h)
+	_, err := b.db.Pool.Exec(ctx, `
+		CREATE FUNCTION slow_archive() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(6); RETURN NULL; END $$;
+		CREATE TRIGGER slow_archive BEFORE INSERT ON idempotency_key_archive FOR EACH STATEMENT EXECUTE FUNCTION slow_archive()`)
+	require.NoError(t, err)
+	first := post(handler, "slow", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, first.Code)
+	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:slow'"))
+	require.Positive(t, b.redis.PTTL(ctx, b.prefix+"idem:v1:slow").Val(), "archived: the hash expires with its window")
+}

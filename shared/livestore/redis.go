@@ -273,22 +273,29 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	return nil
 }
 
-// archiveOutcome writes the archive row of a completion, within half the
-// time ctx has left: the Redis steps after it must still have time to run,
-// above all the one that keeps the hash without expiry when the row could
-// not be written. An archive that stalls (a lock held by a migration or a
-// DDL statement) would otherwise use up the whole deadline, and the hash,
+// archiveOutcome writes the archive row of a completion, ending
+// redisReserve before ctx's deadline (half the time left, when that is
+// less): the Redis steps after it must still have time to run, above all
+// the one that keeps the hash without expiry when the row could not be
+// written. An archive that stalls (a lock held by a migration or a DDL
+// statement) would otherwise use up the whole deadline, and the hash,
 // neither archived nor kept, would expire with its window: a retry after
-// it would run the operation again.
+// it would run the operation again. A slow archive keeps nearly all of a
+// first attempt's time.
 func (s *Redis) archiveOutcome(ctx context.Context, key string, c idempotency.Completion, created, expires time.Time) error {
 	if deadline, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-time.Until(deadline)/2))
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-min(redisReserve, time.Until(deadline)/2)))
 		defer cancel()
 	}
 	_, err := s.archive.Exec(ctx, redisArchiveSQL, key, c.Fingerprint, c.Status, c.ResourceID, created, expires)
 	return err
 }
+
+// redisReserve is the time a completion keeps for its Redis steps after
+// the archive write: two round trips and a script, with room for a slow
+// network.
+const redisReserve = 2 * time.Second
 
 // remaining is how long a completed hash lives: to the end of its window
 // (by this process's clock, as the window was set), at least a second, in
