@@ -381,6 +381,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 		if err != nil || !e.earliest.Valid {
 			return err
 		}
+		lateFailed := false
 		for {
 			proven := true
 			var lateTo pgtype.Timestamptz
@@ -411,15 +412,20 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 			})
 			late := e.late
 			e.late = nil
+			if err == nil && lateFailed {
+				// The same reads without the late one succeeded: it was
+				// the late read that failed. Do not try it for a while.
+				lateFailed = false
+				r.mu.Lock()
+				r.lateUnreadable = time.Now()
+				r.mu.Unlock()
+			}
 			switch {
 			case err != nil && late != nil && missingGrantOrTable(err):
 				// A schema from before migration 010, or a role that may
 				// not read its tables: read up to the ceiling, as lateBound
 				// does.
-				r.mu.Lock()
-				r.lateUnreadable = time.Now()
-				r.mu.Unlock()
-				found, e.latest = false, e.ceiling
+				found, e.latest, lateFailed = false, e.ceiling, true
 				continue
 			case err != nil:
 				return err

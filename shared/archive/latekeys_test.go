@@ -539,18 +539,7 @@ func TestLateTablesThatCannotBeReadAreNotTriedAgainAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	role := "late_blind_" + b.db.Schema
-	for _, q := range []string{
-		"CREATE ROLE " + pgx.Identifier{role}.Sanitize() + " NOLOGIN",
-		"GRANT USAGE ON SCHEMA " + pgx.Identifier{b.db.Schema}.Sanitize() + " TO " + pgx.Identifier{role}.Sanitize(),
-		"GRANT SELECT ON idempotency_key_archive, idempotency_writers, idempotency_archive_plain_keys, idempotency_archive_plain_keys_pending TO " + pgx.Identifier{role}.Sanitize(),
-	} {
-		_, err := b.db.Pool.Exec(ctx, q)
-		require.NoError(t, err, q)
-	}
-	t.Cleanup(func() {
-		_, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize()+"; DROP ROLE "+pgx.Identifier{role}.Sanitize())
-	})
+	role := readerRole(t, b, "late_blind", "idempotency_key_archive", "idempotency_writers", "idempotency_archive_plain_keys", "idempotency_archive_plain_keys_pending")
 	trips := &batchCounter{}
 	pool := b.db.NewPool(t, dbtest.AsRole(role), func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
 	r := newReader(t, pool, nil)
@@ -567,4 +556,59 @@ func TestLateTablesThatCannotBeReadAreNotTriedAgainAtOnce(t *testing.T) {
 	}
 	require.EqualValues(t, 3, lookup(), "the writers, the late read that fails, the read up to the ceiling")
 	require.EqualValues(t, 1, lookup(), "up to the ceiling at once")
+}
+
+// Only the late read's own failure stops a Reader trying it: a lookup that
+// fails for another grant (the archive's) leaves the next lookup, once the
+// grant is back, reading where the key's late rows are.
+func TestAnotherMissingGrantDoesNotStopTheLateRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	role := readerRole(t, b, "late_sighted", "idempotency_key_archive", "idempotency_writers", "idempotency_archive_plain_keys",
+		"idempotency_archive_plain_keys_pending", "idempotency_archive_late_keys_pending")
+	trips := &batchCounter{}
+	pool := b.db.NewPool(t, dbtest.AsRole(role), func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+	r := newReader(t, pool, nil)
+	minted := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC)
+	key := "idem:v1:" + dbtest.UUIDv7(minted, 5)
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: key, Status: 201, ExpiredAt: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)})
+	grant := func(verb string) {
+		t.Helper()
+		q := verb + " SELECT ON idempotency_key_archive " + map[string]string{"GRANT": "TO ", "REVOKE": "FROM "}[verb] + pgx.Identifier{role}.Sanitize()
+		_, err := b.db.Pool.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	_, err := r.Lookup(ctx, key, nil) // reads the writers
+	require.NoError(t, err)
+	grant("REVOKE")
+	_, err = r.Lookup(ctx, key, nil)
+	require.Error(t, err)
+	grant("GRANT")
+	before := trips.batches.Load()
+	rec, err := r.Lookup(ctx, key, nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+	require.EqualValues(t, 2, trips.batches.Load()-before, "the span with the late read, then up to the late row")
+}
+
+// readerRole creates a role, dropped at the end of the test, that may read
+// the tables named in b's schema and nothing else, and returns its name.
+func readerRole(t *testing.T, b bundle, name string, tables ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	role := name + "_" + b.db.Schema
+	quoted := pgx.Identifier{role}.Sanitize()
+	for _, q := range []string{
+		"CREATE ROLE " + quoted + " NOLOGIN",
+		"GRANT USAGE ON SCHEMA " + pgx.Identifier{b.db.Schema}.Sanitize() + " TO " + quoted,
+		"GRANT SELECT ON " + strings.Join(tables, ", ") + " TO " + quoted,
+	} {
+		_, err := b.db.Pool.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	t.Cleanup(func() {
+		_, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+quoted+"; DROP ROLE "+quoted)
+	})
+	return role
 }
