@@ -29,9 +29,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/database"
+	"github.com/idemarchive/idemarchive/shared/livestore"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
@@ -54,6 +56,10 @@ commands:
   query --scope-prefix P --created-from T --created-to T [--limit N] [--cursor C]
                               list archived keys for an investigation
   verify [--recent D]         the runbook's four checks (exit 1 when one fails)
+  redis-reconcile --redis-url URL [--prefix P] [--dry-run]
+                              archive the Redis store's completed keys kept
+                              without expiry and give them back their expiry
+                              (exit 1 when one is left)
 
 Every command takes --emit-metrics to write CloudWatch EMF lines to stderr.
 Configuration comes from DATABASE_URL and the variables listed in the README.
@@ -100,6 +106,8 @@ var commands = map[string]command{
 	"lookup":     cmdLookup,
 	"query":      cmdQuery,
 	"verify":     cmdVerify,
+
+	"redis-reconcile": cmdRedisReconcile,
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
@@ -390,6 +398,44 @@ func cmdLookup(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 		return err
 	}
 	return e.printJSON(rec)
+}
+
+// cmdRedisReconcile archives the outcomes a Redis live store kept without
+// expiry because their archive rows could not be written at completion
+// (livestore.Redis.Reconcile), through DATABASE_URL's user, which needs
+// INSERT on the archive.
+func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
+	fs := newFlagSet("redis-reconcile", e)
+	url := fs.String("redis-url", "", "the Redis store's server, redis:// or rediss:// (required)")
+	prefix := fs.String("prefix", "", "the store's key prefix, as given to livestore.NewRedis")
+	dryRun := fs.Bool("dry-run", false, "count the keys kept without expiry, and change nothing")
+	if _, err := parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	if *url == "" {
+		return errors.New("--redis-url is required")
+	}
+	opts, err := redis.ParseURL(*url)
+	if err != nil {
+		// Not the URL itself, nor the parser's words on it: it may hold a
+		// password.
+		return errors.New("--redis-url is not a redis:// or rediss:// URL")
+	}
+	client := redis.NewClient(opts)
+	defer client.Close()
+	res, err := livestore.NewRedis(client, pool, *prefix).Reconcile(ctx, *dryRun, func(key string, err error) {
+		fmt.Fprintf(e.stderr, "archivectl redis-reconcile: %q: %s\n", key, oneLine(err))
+	})
+	if err != nil {
+		return err
+	}
+	if err := e.printJSON(res); err != nil {
+		return err
+	}
+	if res.Failed > 0 {
+		return errNo
+	}
+	return nil
 }
 
 func cmdQuery(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {

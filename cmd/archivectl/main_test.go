@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
 	"github.com/idemarchive/idemarchive/shared/sweep"
+	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
 type result struct {
@@ -184,6 +186,8 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 		{"bad env mode", map[string]string{"SWEEP_MISSING_PARTITION": "maybe"}, []string{"sweep"}, `SWEEP_MISSING_PARTITION: want create or fail`},
 		{"no database", map[string]string{"DATABASE_URL": ""}, []string{"verify"}, "set DATABASE_URL"},
 		{"database URL with password is not echoed", map[string]string{"DATABASE_URL": "postgres://u:s3cret@[::1"}, []string{"verify"}, "not a valid PostgreSQL connection string"},
+		{"reconcile without redis", nil, []string{"redis-reconcile"}, "--redis-url is required"},
+		{"reconcile redis URL with password is not echoed", nil, []string{"redis-reconcile", "--redis-url", "http://u:s3cret@host"}, "--redis-url is not a redis:// or rediss:// URL"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -435,4 +439,35 @@ func TestASweepKilledWithSIGKILLLosesNothing(t *testing.T) {
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"))
 	require.EqualValues(t, total, dbtest.Count(t, db.Pool, "SELECT count(DISTINCT scoped_key) FROM idempotency_key_archive"), "none lost")
 	require.EqualValues(t, total, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"), "none twice")
+}
+
+// redis-reconcile archives the Redis store's keys kept without expiry and
+// exits 1 while one is left (and says which).
+func TestRedisReconcile(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	client, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	expires := time.Now().Add(time.Hour)
+	kept := prefix + "idem:v1:kept"
+	require.NoError(t, client.HSet(ctx, kept, "fp", string(dbtest.Fingerprint("a")), "state", "completed", "status", "201",
+		"created", strconv.FormatInt(time.Now().UnixMilli(), 10), "expires", strconv.FormatInt(expires.UnixMilli(), 10), "reg", "tok").Err())
+	stuck := prefix + "idem:v1:stuck"
+	require.NoError(t, client.HSet(ctx, stuck, "state", "in_flight").Err())
+	t.Cleanup(func() { client.Del(context.Background(), kept, stuck) })
+	url := os.Getenv("REDIS_URL")
+
+	r := cli(t, db, nil, "redis-reconcile", "--redis-url", url, "--prefix", prefix, "--dry-run")
+	require.Equal(t, exitNo, r.code, r.stderr)
+	require.JSONEq(t, `{"scanned":2,"kept":1,"archived":1,"failed":1}`, r.stdout)
+	require.Contains(t, r.stderr, `"`+stuck+`": a hash without expiry that is not completed`)
+	require.Equal(t, time.Duration(-1), client.PTTL(ctx, kept).Val(), "a dry run changes nothing")
+
+	require.NoError(t, client.Del(ctx, stuck).Err())
+	r = cli(t, db, nil, "redis-reconcile", "--redis-url", url, "--prefix", prefix)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.JSONEq(t, `{"scanned":1,"kept":1,"archived":1,"failed":0}`, r.stdout)
+	require.Positive(t, client.PTTL(ctx, kept).Val())
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:kept' AND status_code = 201"))
 }
