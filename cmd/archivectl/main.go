@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +57,7 @@ commands:
   query --scope-prefix P --created-from T --created-to T [--limit N] [--cursor C]
                               list archived keys for an investigation
   verify [--recent D]         the runbook's four checks (exit 1 when one fails)
-  redis-reconcile --redis-url URL [--prefix P] [--dry-run]
+  redis-reconcile [--redis-url URL] [--prefix P] [--dry-run]
                               archive the Redis store's completed keys kept
                               without expiry and give them back their expiry
                               (exit 1 when one is left)
@@ -88,6 +89,7 @@ type env struct {
 	metrics        *metrics.Emitter
 	logger         *slog.Logger
 	stderrIsTTY    bool
+	getenv         func(string) string
 	// helpOnly: the arguments may ask for help; commands parse their flags
 	// and stop before touching configuration or the database.
 	helpOnly bool
@@ -155,6 +157,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		stdout:   stdout,
 		stderr:   stderr,
 		settings: s,
+		getenv:   getenv,
 		// JSON, like every other log line the project writes.
 		logger: slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
@@ -406,14 +409,17 @@ func cmdLookup(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 // INSERT on the archive.
 func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
 	fs := newFlagSet("redis-reconcile", e)
-	url := fs.String("redis-url", "", "the Redis store's server, redis:// or rediss:// (required)")
+	url := fs.String("redis-url", "", "the Redis store's server, redis:// or rediss:// (default $REDIS_URL, which keeps a password out of ps and shell history)")
 	prefix := fs.String("prefix", "", "the store's key prefix, as given to livestore.NewRedis")
 	dryRun := fs.Bool("dry-run", false, "count the keys kept without expiry, and change nothing")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
 	}
 	if *url == "" {
-		return errors.New("--redis-url is required")
+		*url = e.getenv("REDIS_URL")
+	}
+	if *url == "" {
+		return errors.New("--redis-url or REDIS_URL is required")
 	}
 	opts, err := redis.ParseURL(*url)
 	if err != nil {
@@ -432,7 +438,8 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 	if err := e.printJSON(res); err != nil {
 		return err
 	}
-	if res.Failed > 0 {
+	// A dry run changed nothing: what it found is still left.
+	if res.Failed > 0 || (*dryRun && res.Kept > 0) {
 		return errNo
 	}
 	return nil
@@ -522,7 +529,7 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 				fs.PrintDefaults()
 				return nil, err
 			}
-			return nil, errors.New(strings.TrimSpace(err.Error()))
+			return nil, errors.New(redactURLs(strings.TrimSpace(err.Error())))
 		}
 		// The flag package drops a "--" that ends the flags: whatever
 		// follows it is positional, however it looks.
@@ -543,9 +550,19 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 		return nil, errNotHelp
 	}
 	if len(pos) != nPos {
-		return nil, fmt.Errorf("want %d argument(s), got %d: %q", nPos, len(pos), pos)
+		return nil, fmt.Errorf("want %d argument(s), got %d: %s", nPos, len(pos), redactURLs(fmt.Sprintf("%q", pos)))
 	}
 	return pos, nil
+}
+
+// userInfo matches the user and password of a URL (scheme://user:pass@),
+// as it may stand in an argument given in the wrong place.
+var userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s"]*@`)
+
+// redactURLs hides the user and password of any URL in an error line: an
+// argument or flag value echoed back may be a connection string.
+func redactURLs(s string) string {
+	return userInfo.ReplaceAllString(s, "${1}REDACTED@")
 }
 
 // flagPart is args up to the first "--": the part that may hold flags.

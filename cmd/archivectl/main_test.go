@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/livestore"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
@@ -186,8 +188,10 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 		{"bad env mode", map[string]string{"SWEEP_MISSING_PARTITION": "maybe"}, []string{"sweep"}, `SWEEP_MISSING_PARTITION: want create or fail`},
 		{"no database", map[string]string{"DATABASE_URL": ""}, []string{"verify"}, "set DATABASE_URL"},
 		{"database URL with password is not echoed", map[string]string{"DATABASE_URL": "postgres://u:s3cret@[::1"}, []string{"verify"}, "not a valid PostgreSQL connection string"},
-		{"reconcile without redis", nil, []string{"redis-reconcile"}, "--redis-url is required"},
+		{"reconcile without redis", nil, []string{"redis-reconcile"}, "--redis-url or REDIS_URL is required"},
 		{"reconcile redis URL with password is not echoed", nil, []string{"redis-reconcile", "--redis-url", "http://u:s3cret@host"}, "--redis-url is not a redis:// or rediss:// URL"},
+		{"reconcile URL in the wrong place is not echoed", nil, []string{"redis-reconcile", "redis://:s3cret@host:6379"}, `want 0 argument(s), got 1: ["redis://REDACTED@host:6379"]`},
+		{"reconcile URL as a flag's value is not echoed", nil, []string{"redis-reconcile", "--dry-run=redis://u:s3cret@host"}, `invalid boolean value "redis://REDACTED@host"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -449,25 +453,32 @@ func TestRedisReconcile(t *testing.T) {
 	db.Partition(t, 0)
 	client, prefix := testenv.Redis(t)
 	ctx := context.Background()
-	expires := time.Now().Add(time.Hour)
+	fp := dbtest.Fingerprint("a")
+	reg, err := livestore.NewRedis(client, db.Pool, prefix).Register(ctx, idempotency.Registering{Key: "idem:v1:kept", Fingerprint: fp, TTL: time.Hour})
+	require.NoError(t, err)
+	// Completed without expiry, as a completion whose archive write failed
+	// leaves it.
 	kept := prefix + "idem:v1:kept"
-	require.NoError(t, client.HSet(ctx, kept, "fp", string(dbtest.Fingerprint("a")), "state", "completed", "status", "201",
-		"created", strconv.FormatInt(time.Now().UnixMilli(), 10), "expires", strconv.FormatInt(expires.UnixMilli(), 10), "reg", "tok").Err())
+	require.NoError(t, client.HSet(ctx, kept, "state", "completed", "status", "201").Err())
+	require.NoError(t, client.Persist(ctx, kept).Err())
 	stuck := prefix + "idem:v1:stuck"
 	require.NoError(t, client.HSet(ctx, stuck, "state", "in_flight").Err())
 	t.Cleanup(func() { client.Del(context.Background(), kept, stuck) })
-	url := os.Getenv("REDIS_URL")
+	redisURL := map[string]string{"REDIS_URL": os.Getenv("REDIS_URL")}
 
-	r := cli(t, db, nil, "redis-reconcile", "--redis-url", url, "--prefix", prefix, "--dry-run")
+	r := cli(t, db, redisURL, "redis-reconcile", "--prefix", prefix, "--dry-run")
 	require.Equal(t, exitNo, r.code, r.stderr)
 	require.JSONEq(t, `{"scanned":2,"kept":1,"archived":1,"failed":1}`, r.stdout)
-	require.Contains(t, r.stderr, `"`+stuck+`": a hash without expiry that is not completed`)
+	require.Contains(t, r.stderr, strconv.Quote(stuck)+": a hash without expiry that is not completed")
 	require.Equal(t, time.Duration(-1), client.PTTL(ctx, kept).Val(), "a dry run changes nothing")
 
 	require.NoError(t, client.Del(ctx, stuck).Err())
-	r = cli(t, db, nil, "redis-reconcile", "--redis-url", url, "--prefix", prefix)
+	r = cli(t, db, redisURL, "redis-reconcile", "--prefix", prefix, "--dry-run")
+	require.Equal(t, exitNo, r.code, "a dry run leaves what it found: %s", r.stderr)
+	r = cli(t, db, nil, "redis-reconcile", "--redis-url", redisURL["REDIS_URL"], "--prefix", prefix)
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.JSONEq(t, `{"scanned":1,"kept":1,"archived":1,"failed":0}`, r.stdout)
+	require.InDelta(t, time.Until(reg.Entry.ExpiresAt).Seconds(), client.PTTL(ctx, kept).Val().Seconds(), 60)
 	require.Positive(t, client.PTTL(ctx, kept).Val())
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:kept' AND status_code = 201"))
 }

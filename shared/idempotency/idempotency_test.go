@@ -407,7 +407,9 @@ func (failCompletion) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 				return errors.New("connection reset by peer")
 			}
 		}
-		if strings.HasPrefix(strings.ToLower(cmd.Name()), "evalsha") && len(cmd.Args()) > 9 {
+		// The completion script: 9 arguments beside the hash's key (the
+		// registration's has 6).
+		if strings.HasPrefix(strings.ToLower(cmd.Name()), "evalsha") && len(cmd.Args()) >= 13 {
 			return errors.New("connection reset by peer")
 		}
 		return next(ctx, cmd)

@@ -2,17 +2,19 @@ package livestore
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // ReconcileResult says what Redis.Reconcile found and did.
 type ReconcileResult struct {
-	// Scanned counts the hashes under the store's prefix.
+	// Scanned counts the keys under the store's prefix.
 	Scanned int `json:"scanned"`
 	// Kept counts the completed hashes kept without expiry: outcomes whose
 	// archive row could not be written at completion.
@@ -26,8 +28,14 @@ type ReconcileResult struct {
 }
 
 // reconcileScanCount is how many keys each SCAN step asks for: Redis answers
-// each step in a bounded time, beside live traffic.
+// each step in a bounded time, beside live traffic, and the step's expiries
+// are read in one round trip.
 const reconcileScanCount = 500
+
+// ErrNoRedisStoreOnRecord: the archive's database has never had a Redis
+// store write to it (no ttl_ms = 0 row in idempotency_writers), so it is not
+// the archive of the store being reconciled.
+var ErrNoRedisStoreOnRecord = errors.New("no Redis store on record in idempotency_writers: this database is not the Redis store's archive")
 
 // Reconcile finds the completed hashes kept without expiry, whose archive
 // row no completion attempt could write (see Complete: the key then replays
@@ -38,72 +46,152 @@ const reconcileScanCount = 500
 // hash without expiry it leaves as it was, with the reason; the error it
 // returns is for the scan itself.
 //
+// Why giving an expiry back is safe (the invariant): it happens only after
+// the archive row is committed, under the key a lookup asks for. That key
+// is the one the hash records (the key field); a hash of an older writer,
+// without it, is archived under the key its name gives, only when that is
+// a key the middleware scopes ("idem:v1:" or "idem:v1t:"): a prefix that
+// is not the store's own (the start of another store's, one character
+// short) would otherwise archive a row nobody looks up, and then let the
+// hash expire. Fields a completion could not have written (a status outside
+// 100-599, a fingerprint that is not SHA-256, a window that ends before it
+// starts) leave the hash alone. Leaving a hash is always safe: it replays.
+//
 // It is safe beside live traffic and beside another Reconcile: the row is
 // inserted with ON CONFLICT DO NOTHING (the same key and expiry, the same
 // row a completion writes), and the expiry is given back by the script a
 // completion uses, only to a hash still completed by the same registration
-// and still without expiry. The expiry is given back only after the row is
-// committed, so no hash is forgotten before its outcome is archived.
+// and still without expiry.
 func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key string, err error)) (ReconcileResult, error) {
 	var res ReconcileResult
-	iter := s.client.Scan(ctx, 0, escapeGlob(s.prefix)+"*", reconcileScanCount).Iterator()
-	for iter.Next(ctx) {
-		res.Scanned++
-		hashKey := iter.Val()
-		ttl, err := s.client.PTTL(ctx, hashKey).Result()
+	var onRecord bool
+	if err := s.archive.QueryRow(ctx, "SELECT EXISTS (SELECT FROM idempotency_writers WHERE ttl_ms = 0)").Scan(&onRecord); err != nil {
+		return res, fmt.Errorf("reconcile: read idempotency_writers: %w", err)
+	}
+	if !onRecord {
+		return res, ErrNoRedisStoreOnRecord
+	}
+	pattern := escapeGlob(s.prefix) + "*"
+	var cursor uint64
+	for {
+		keys, next, err := s.client.Scan(ctx, cursor, pattern, reconcileScanCount).Result()
 		if err != nil {
-			return res, fmt.Errorf("reconcile: read the expiry of %s: %w", hashKey, err)
+			return res, fmt.Errorf("reconcile: scan %q: %w", pattern, err)
 		}
-		if ttl != -1 { // -1: no expiry; -2: gone since the scan (go-redis passes both on as is)
-			continue
+		res.Scanned += len(keys)
+		kept, err := s.withoutExpiry(ctx, keys)
+		if err != nil {
+			return res, err
 		}
-		h, err := s.client.HGetAll(ctx, hashKey).Result()
-		switch {
-		case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
-			continue // not a hash: not this store's
-		case err != nil:
-			return res, fmt.Errorf("reconcile: read %s: %w", hashKey, err)
-		case h["state"] == "":
-			continue // gone since the scan, or not this store's
-		case h["state"] != "completed":
-			res.Failed++
-			report(hashKey, errors.New("a hash without expiry that is not completed: left alone (it answers 409 in flight until deleted by hand)"))
-			continue
+		for _, hashKey := range kept {
+			h, err := s.client.HGetAll(ctx, hashKey).Result()
+			switch {
+			case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+				continue // not a hash: not this store's
+			case err != nil:
+				return res, fmt.Errorf("reconcile: read %q: %w", hashKey, err)
+			case h["state"] == "":
+				continue // gone since the scan, or not this store's
+			case h["state"] != "completed":
+				res.Failed++
+				report(hashKey, errors.New("a hash without expiry that is not completed: left alone (it answers 409 in flight until deleted by hand)"))
+				continue
+			}
+			res.Kept++
+			if err := s.reconcileOne(ctx, hashKey, h, dryRun); err != nil {
+				res.Failed++
+				report(hashKey, err)
+				continue
+			}
+			res.Archived++
 		}
-		res.Kept++
-		if err := s.reconcileOne(ctx, hashKey, h, dryRun); err != nil {
-			res.Failed++
-			report(hashKey, err)
-			continue
+		if cursor = next; cursor == 0 {
+			return res, nil
 		}
-		res.Archived++
 	}
-	if err := iter.Err(); err != nil {
-		return res, fmt.Errorf("reconcile: scan %s*: %w", s.prefix, err)
+}
+
+// withoutExpiry returns those of keys that have no expiry, asking for all
+// of them in one round trip.
+func (s *Redis) withoutExpiry(ctx context.Context, keys []string) ([]string, error) {
+	if len(keys) == 0 {
+		return nil, nil
 	}
-	return res, nil
+	cmds := make([]*redis.DurationCmd, len(keys))
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.PTTL(ctx, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: read expiries: %w", err)
+	}
+	var out []string
+	for i, c := range cmds {
+		if c.Val() == -1 { // no expiry; -2: gone since the scan (go-redis passes both on as is)
+			out = append(out, keys[i])
+		}
+	}
+	return out, nil
 }
 
 // reconcileOne archives the completed hash h, kept without expiry at
 // hashKey, and gives it its expiry back.
 func (s *Redis) reconcileOne(ctx context.Context, hashKey string, h map[string]string, dryRun bool) error {
+	key, err := s.archivedKey(hashKey, h)
+	if err != nil {
+		return err
+	}
 	created, errC := strconv.ParseInt(h["created"], 10, 64)
 	expires, errE := strconv.ParseInt(h["expires"], 10, 64)
 	status, errS := strconv.Atoi(h["status"])
-	if errC != nil || errE != nil || errS != nil || h["fp"] == "" {
-		return errors.New("a completed hash without its registration's times, status or fingerprint: left alone")
+	switch {
+	case errC != nil || errE != nil || errS != nil:
+		return errors.New("a completed hash without its registration's times or its status: left alone")
+	case status < 100 || status > 599 || h["status"] != strconv.Itoa(status):
+		return fmt.Errorf("a completed hash with status %q, which no completion writes: left alone", h["status"])
+	case len(h["fp"]) != sha256.Size:
+		return fmt.Errorf("a completed hash whose fingerprint is %d bytes, not SHA-256: left alone", len(h["fp"]))
+	case expires <= created || time.Duration(expires-created)*time.Millisecond > MaxRedisTTL:
+		return fmt.Errorf("a completed hash whose window (created %d, expires %d, Unix ms) no registration gives: left alone", created, expires)
+	case h["has_rid"] == "1" && !hasField(h, "rid"):
+		return errors.New("a completed hash that says it has a resource id and holds none: left alone")
 	}
 	if dryRun {
 		return nil
 	}
 	e := entryFromHash(h)
-	if _, err := s.archive.Exec(ctx, redisArchiveSQL, strings.TrimPrefix(hashKey, s.prefix), e.Fingerprint, status, e.ResourceID, e.CreatedAt, e.ExpiresAt); err != nil {
-		return fmt.Errorf("write its archive row (created %d, expires %d): %w", created, expires, err)
+	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, e.Fingerprint, status, e.ResourceID, e.CreatedAt, e.ExpiresAt); err != nil {
+		return fmt.Errorf("write its archive row under %q (expired %s): %w", key, e.ExpiresAt.Format(time.RFC3339), err)
 	}
 	if err := redisExpireArchived.Run(ctx, s.client, []string{hashKey}, h["reg"], s.remaining(e.ExpiresAt)).Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("archived; give its hash back its expiry: %w", err)
+		return fmt.Errorf("archived under %q; give its hash back its expiry: %w", key, err)
 	}
 	return nil
+}
+
+// archivedKey returns the scoped key the hash at hashKey is archived
+// under: the one it records, which its name must end with; for a hash of
+// an older writer, which records none, its name less the prefix, when that
+// is a key the middleware scopes.
+func (s *Redis) archivedKey(hashKey string, h map[string]string) (string, error) {
+	if key, ok := h["key"]; ok {
+		if s.prefix+key != hashKey {
+			return "", fmt.Errorf("a hash that records the key %q, which is not its name less the prefix %q: left alone (is the prefix the store's own?)", key, s.prefix)
+		}
+		return key, nil
+	}
+	key := strings.TrimPrefix(hashKey, s.prefix)
+	if !strings.HasPrefix(key, "idem:v1:") && !strings.HasPrefix(key, "idem:v1t:") {
+		return "", fmt.Errorf("a hash of an older writer whose name less the prefix %q is not a scoped key (idem:v1: or idem:v1t:): left alone (is the prefix the store's own?)", s.prefix)
+	}
+	return key, nil
+}
+
+func hasField(h map[string]string, f string) bool {
+	_, ok := h[f]
+	return ok
 }
 
 // escapeGlob escapes the characters SCAN's MATCH pattern gives a meaning.

@@ -2,6 +2,7 @@ package livestore
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -95,6 +96,8 @@ func TestReconcileEscapesItsPrefix(t *testing.T) {
 	t.Parallel()
 	s, _ := newRedisStore(t)
 	ctx := context.Background()
+	_, err := s.Register(ctx, idempotency.Registering{Key: "idem:v1:lease", Fingerprint: dbtest.Fingerprint("a"), TTL: time.Hour})
+	require.NoError(t, err)
 	other := *s
 	s.prefix += "t[1]*?:"
 	other.prefix += "t1x:"
@@ -104,4 +107,66 @@ func TestReconcileEscapesItsPrefix(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.Scanned)
 	require.Equal(t, `a\[1\]\*\?:\\`, escapeGlob(`a[1]*?:\`))
+}
+
+// A prefix that is not the store's own (the start of another store's, one
+// character short, none at all) would archive rows under keys no lookup
+// asks for, and then let the hashes expire: such hashes are left alone.
+// So are hashes whose fields no completion writes, and an archive that no
+// Redis store has written to is refused.
+func TestReconcileLeavesWhatIsNotItsOwn(t *testing.T) {
+	t.Parallel()
+	s, db := newRedisStore(t)
+	ctx := context.Background()
+	base := s.prefix
+	s.prefix = base + "idem:"
+	_, err := NewRedis(s.client, db.NewPool(t), base).Reconcile(ctx, true, func(string, error) {})
+	require.ErrorIs(t, err, ErrNoRedisStoreOnRecord)
+
+	fp := dbtest.Fingerprint("charge")
+	reg, err := s.Register(ctx, idempotency.Registering{Key: "idem:v1:mine", Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour})
+	require.NoError(t, err)
+	// Kept without expiry, as a completion whose archive write failed
+	// leaves it.
+	hash := s.prefix + "idem:v1:mine"
+	require.NoError(t, s.client.HSet(ctx, hash, "state", "completed", "status", "201").Err())
+	require.NoError(t, s.client.Persist(ctx, hash).Err())
+	t.Cleanup(func() { s.client.Del(context.Background(), hash) })
+	created, expires := strconv.FormatInt(reg.Entry.CreatedAt.UnixMilli(), 10), strconv.FormatInt(reg.Entry.ExpiresAt.UnixMilli(), 10)
+	// An older writer's hash (no key field) under a prefix of its own.
+	legacy := base + "idem:eu:idem:v1:legacy"
+	require.NoError(t, s.client.HSet(ctx, legacy, "fp", string(fp), "state", "completed", "status", "201", "created", created, "expires", expires).Err())
+	t.Cleanup(func() { s.client.Del(context.Background(), legacy) })
+
+	for _, prefix := range []string{"", base, base + "idem", base + "idem:eu"} {
+		reported := 0
+		res, err := NewRedis(s.client, db.Pool, prefix).Reconcile(ctx, false, func(string, error) { reported++ })
+		require.NoError(t, err, "prefix %q", prefix)
+		require.Zero(t, res.Archived, "prefix %q", prefix)
+		require.Equal(t, res.Kept, reported, "prefix %q", prefix)
+	}
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+	require.Equal(t, time.Duration(-1), s.client.PTTL(ctx, hash).Val())
+	require.Equal(t, time.Duration(-1), s.client.PTTL(ctx, legacy).Val())
+	// Under the store's own prefix, the legacy hash (another store's) is
+	// still refused: its name less the prefix is no scoped key.
+	res, err := s.Reconcile(ctx, true, func(string, error) {})
+	require.NoError(t, err)
+	require.Equal(t, ReconcileResult{Scanned: 2, Kept: 2, Archived: 1, Failed: 1}, res)
+	require.NoError(t, s.client.Del(ctx, legacy).Err())
+
+	for field, value := range map[string]string{"status": "0", "fp": "short", "expires": created, "has_rid": "1"} {
+		require.NoError(t, s.client.HSet(ctx, hash, field, value).Err())
+		var why string
+		res, err := s.Reconcile(ctx, false, func(_ string, err error) { why = err.Error() })
+		require.NoError(t, err)
+		require.Equal(t, ReconcileResult{Scanned: 1, Kept: 1, Failed: 1}, res, "%s %q", field, value)
+		require.Contains(t, why, "left alone")
+		require.NoError(t, s.client.HSet(ctx, hash, "status", "201", "fp", string(fp), "expires", expires).Err())
+		require.NoError(t, s.client.HDel(ctx, hash, "has_rid").Err())
+	}
+	res, err = s.Reconcile(ctx, false, func(_ string, err error) { t.Error(err) })
+	require.NoError(t, err)
+	require.Equal(t, ReconcileResult{Scanned: 1, Kept: 1, Archived: 1}, res)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:mine'"))
 }

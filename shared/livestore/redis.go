@@ -88,13 +88,14 @@ func NewRedis(client *redis.Client, archivePool *pgxpool.Pool, prefix string) *R
 
 // Hash fields: fp, state, status, body, ct, rid, has_rid, created, expires
 // (Unix milliseconds), reg (the registration token; absent in hashes of
-// older writers, matched as an empty token).
+// older writers, matched as an empty token), key (the scoped key, which
+// Reconcile archives the hash under; absent in hashes of older writers).
 var (
 	redisRegister = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.call('HGETALL', KEYS[1])
 end
-redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'in_flight', 'created', ARGV[2], 'expires', ARGV[3], 'reg', ARGV[5])
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'in_flight', 'created', ARGV[2], 'expires', ARGV[3], 'reg', ARGV[5], 'key', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return false`)
 
@@ -161,7 +162,7 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	// clock, and an absolute PEXPIREAT read by a Redis server whose clock is
 	// ahead by more than the TTL would drop the hash at once, and let the
 	// next identical request register it again.
-	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds(), req.Token).Result()
+	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds(), req.Token, req.Key).Result()
 	if errors.Is(err, redis.Nil) {
 		e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}
 		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true, Token: req.Token}, nil
