@@ -248,22 +248,18 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 			if err := tx.QueryRow(ctx, sql, from, to, afterKey, afterExpiry, size).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
 				return err
 			}
+			finish, advance := finishSQL, advanceSQL
 			if late {
-				if scanned < int64(size) {
-					_, err := tx.Exec(ctx, lateFinishSQL, from, to)
-					return err
-				}
-				_, err := tx.Exec(ctx, lateAdvanceSQL, from, to, *lastKey, lastExpiry)
-				return err
+				finish, advance = lateFinishSQL, lateAdvanceSQL
 			}
 			if scanned < int64(size) {
-				if _, err := tx.Exec(ctx, finishSQL, from, to); err != nil {
+				if _, err := tx.Exec(ctx, finish, from, to); err != nil || late {
 					return err
 				}
 				_, err := tx.Exec(ctx, followFinishSQL, from, to, afterKey, afterExpiry)
 				return err
 			}
-			if _, err := tx.Exec(ctx, advanceSQL, from, to, *lastKey, lastExpiry); err != nil {
+			if _, err := tx.Exec(ctx, advance, from, to, *lastKey, lastExpiry); err != nil || late {
 				return err
 			}
 			_, err := tx.Exec(ctx, followAdvanceSQL, from, to, *lastKey, lastExpiry, afterKey, afterExpiry)
