@@ -548,12 +548,6 @@ type expiries struct {
 	ts   time.Time
 }
 
-// spanEnd returns the end of a timestamped key's prompt span, at most
-// latest: the bound of its expiries when no late row is recorded for it.
-func spanEnd(ts time.Time, latest pgtype.Timestamptz) pgtype.Timestamptz {
-	return earlier(pgtype.Timestamptz{Time: ts.Add(PromptSpan), Valid: true}, latest)
-}
-
 // earlier returns the earlier of a and b.
 func earlier(a, b pgtype.Timestamptz) pgtype.Timestamptz {
 	if later(a, b) {
@@ -609,7 +603,7 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, e
 		}
 		e.ran = &Statement{SQL: lateKeySQL, Args: []any{scopedKey, PromptSpan, ts}}
 		e.late, e.ts = e.ran, ts
-		e.latest = spanEnd(ts, e.latest)
+		e.latest = lateBoundFrom(pgtype.Timestamptz{}, ts, e.latest) // the span's end: no late row known yet
 		return e, nil
 	}
 	all.ran = &Statement{SQL: plainKeySQL, Args: []any{scopedKey}}
