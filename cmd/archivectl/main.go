@@ -555,14 +555,19 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 	return pos, nil
 }
 
-// userInfo matches the user and password of a URL (scheme://user:pass@),
-// as it may stand in an argument given in the wrong place.
-var userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s"]*@`)
+// userInfo matches the user and password of a URL (scheme://user:pass@,
+// up to the last @ before a space: a password may hold an unescaped / or @),
+// and password matches the password of a key=value connection string.
+var (
+	userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)\S*@`)
+	password = regexp.MustCompile(`(password=)\S+`)
+)
 
-// redactURLs hides the user and password of any URL in an error line: an
-// argument or flag value echoed back may be a connection string.
+// redactURLs hides the user and password of any connection string in an
+// error line: an argument or flag value echoed back may be one. It may hide
+// more than that (an ordinary key holding "://" and "@"), never less.
 func redactURLs(s string) string {
-	return userInfo.ReplaceAllString(s, "${1}REDACTED@")
+	return password.ReplaceAllString(userInfo.ReplaceAllString(s, "${1}REDACTED@"), "${1}REDACTED")
 }
 
 // flagPart is args up to the first "--": the part that may hold flags.

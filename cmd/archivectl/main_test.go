@@ -192,6 +192,8 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 		{"reconcile redis URL with password is not echoed", nil, []string{"redis-reconcile", "--redis-url", "http://u:s3cret@host"}, "--redis-url is not a redis:// or rediss:// URL"},
 		{"reconcile URL in the wrong place is not echoed", nil, []string{"redis-reconcile", "redis://:s3cret@host:6379"}, `want 0 argument(s), got 1: ["redis://REDACTED@host:6379"]`},
 		{"reconcile URL as a flag's value is not echoed", nil, []string{"redis-reconcile", "--dry-run=redis://u:s3cret@host"}, `invalid boolean value "redis://REDACTED@host"`},
+		{"a password with @ and / is not echoed", nil, []string{"redis-reconcile", "redis://u:s3/cr@et@host"}, `["redis://REDACTED@host"]`},
+		{"a key=value password is not echoed", nil, []string{"redis-reconcile", "host=db password=s3cret"}, `password=REDACTED`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

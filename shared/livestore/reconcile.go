@@ -65,7 +65,10 @@ var ErrNoRedisStoreOnRecord = errors.New("no Redis store on record in idempotenc
 func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key string, err error)) (ReconcileResult, error) {
 	var res ReconcileResult
 	var onRecord bool
-	if err := s.archive.QueryRow(ctx, "SELECT EXISTS (SELECT FROM idempotency_writers WHERE ttl_ms = 0)").Scan(&onRecord); err != nil {
+	// bounded: the lease a Redis store holds. An unbounded ttl_ms = 0 row
+	// stands for keys stored before writers recorded bounds (migration 004),
+	// in any service's archive.
+	if err := s.archive.QueryRow(ctx, "SELECT EXISTS (SELECT FROM idempotency_writers WHERE ttl_ms = 0 AND bounded)").Scan(&onRecord); err != nil {
 		return res, fmt.Errorf("reconcile: read idempotency_writers: %w", err)
 	}
 	if !onRecord {

@@ -122,6 +122,12 @@ func TestReconcileLeavesWhatIsNotItsOwn(t *testing.T) {
 	s.prefix = base + "idem:"
 	_, err := NewRedis(s.client, db.NewPool(t), base).Reconcile(ctx, true, func(string, error) {})
 	require.ErrorIs(t, err, ErrNoRedisStoreOnRecord)
+	// The unbounded row an upgraded archive of any service holds (migration
+	// 004) is no Redis store's lease.
+	_, err = db.Pool.Exec(ctx, "INSERT INTO idempotency_writers (ttl_ms, skew_ms, bounded, first_used, used_until) VALUES (0, 0, false, '-infinity', 'infinity')")
+	require.NoError(t, err)
+	_, err = NewRedis(s.client, db.NewPool(t), base).Reconcile(ctx, true, func(string, error) {})
+	require.ErrorIs(t, err, ErrNoRedisStoreOnRecord)
 
 	fp := dbtest.Fingerprint("charge")
 	reg, err := s.Register(ctx, idempotency.Registering{Key: "idem:v1:mine", Fingerprint: fp, Token: []byte("0123456789abcdef"), TTL: time.Hour})
