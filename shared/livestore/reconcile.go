@@ -65,10 +65,7 @@ var ErrNoRedisStoreOnRecord = errors.New("no Redis store on record in idempotenc
 func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key string, err error)) (ReconcileResult, error) {
 	var res ReconcileResult
 	var onRecord bool
-	// bounded: the lease a Redis store holds. An unbounded ttl_ms = 0 row
-	// stands for keys stored before writers recorded bounds (migration 004),
-	// in any service's archive.
-	if err := s.archive.QueryRow(ctx, "SELECT EXISTS (SELECT FROM idempotency_writers WHERE ttl_ms = 0 AND bounded)").Scan(&onRecord); err != nil {
+	if err := s.archive.QueryRow(ctx, redisLeaseSQL).Scan(&onRecord); err != nil {
 		return res, fmt.Errorf("reconcile: read idempotency_writers: %w", err)
 	}
 	if !onRecord {
@@ -97,7 +94,7 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 				continue // gone since the scan, or not this store's
 			case h["state"] != "completed":
 				res.Failed++
-				report(hashKey, errors.New("a hash without expiry that is not completed: left alone (it answers 409 in flight until deleted by hand)"))
+				report(hashKey, errors.New("a hash without expiry that is not completed: left alone (no release of this store writes one; look its key up in the archive before removing it by hand)"))
 				continue
 			}
 			res.Kept++
@@ -113,6 +110,12 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 		}
 	}
 }
+
+// redisLeaseSQL says whether a Redis store holds a lease in the archive's
+// database: a bounded ttl_ms = 0 row. An unbounded one stands for keys
+// stored before writers recorded bounds (migration 004), in any service's
+// archive.
+const redisLeaseSQL = "SELECT EXISTS (SELECT FROM idempotency_writers WHERE ttl_ms = 0 AND bounded)"
 
 // withoutExpiry returns those of keys that have no expiry, asking for all
 // of them in one round trip.
