@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -611,4 +612,53 @@ func readerRole(t *testing.T, b bundle, name string, tables ...string) string {
 		_, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+quoted+"; DROP ROLE "+quoted)
 	})
 	return role
+}
+
+// Migration 011's idempotency_key_time_bound gives what migration 010's gave
+// (read from the migration itself, under another name) for every instant
+// where an encoding changes or a millisecond is rounded up, at and around
+// the epoch and 2^48 ms, the infinities, PostgreSQL's extremes and NULL,
+// under a TimeZone and DateStyle far from UTC's.
+func TestTimeBoundIsMigration010s(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	src, err := os.ReadFile("../schema/migrations/010_archive_late_keys.sql")
+	require.NoError(t, err)
+	const head = "CREATE OR REPLACE FUNCTION idempotency_key_time_bound("
+	start := strings.Index(string(src), head)
+	require.GreaterOrEqual(t, start, 0)
+	end := strings.Index(string(src[start:]), "\n$$;\n")
+	require.Greater(t, end, 0)
+	_, err = db.Pool.Exec(ctx, strings.Replace(string(src[start:start+end+4]), head, "CREATE FUNCTION idempotency_key_time_bound_010(", 1))
+	require.NoError(t, err)
+
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	_, err = tx.Exec(ctx, "SET LOCAL TimeZone = 'Pacific/Chatham'; SET LOCAL DateStyle = 'SQL, DMY'")
+	require.NoError(t, err)
+	var compared, differ int64
+	var sample string
+	err = tx.QueryRow(ctx, `
+		WITH instants (t) AS (
+		    SELECT 'epoch'::timestamptz + x * interval '1 microsecond' FROM generate_series(-3000, 3000) AS x
+		    UNION ALL
+		    SELECT '10889-08-02 05:31:50.655+00'::timestamptz + x * interval '1 microsecond' FROM generate_series(-3000, 3000) AS x
+		    UNION ALL
+		    -- Around whole milliseconds spread over 1970-2100.
+		    SELECT 'epoch'::timestamptz + m * interval '1 millisecond' + d * interval '1 microsecond'
+		      FROM (SELECT (x * 98765432109)::bigint % 4102444800000 FROM generate_series(1, 20000) AS x) AS ms (m),
+		           (VALUES (-1), (0), (1), (999)) AS ds (d)
+		    UNION ALL
+		    SELECT unnest(ARRAY['infinity', '-infinity', '4713-11-24 00:00:00+00 BC', '294276-12-31 23:59:59.999999+00',
+		                        '1969-12-31 23:59:59.999+00', '10889-08-02 05:31:50.656+00', NULL]::timestamptz[])
+		)
+		SELECT count(*),
+		       count(*) FILTER (WHERE idempotency_key_time_bound(t, u) IS DISTINCT FROM idempotency_key_time_bound_010(t, u)),
+		       coalesce(min(t::text || ' ' || u::text) FILTER (WHERE idempotency_key_time_bound(t, u) IS DISTINCT FROM idempotency_key_time_bound_010(t, u)), '')
+		  FROM instants, (VALUES (true), (false), (NULL)) AS us (u)`).Scan(&compared, &differ, &sample)
+	require.NoError(t, err)
+	require.EqualValues(t, 3*(6001+6001+80000+7), compared)
+	require.Zero(t, differ, "first difference: %s", sample)
 }
