@@ -74,6 +74,22 @@ func newBenchDB(ctx context.Context, base, purpose string) (*benchDB, error) {
 	return db, nil
 }
 
+// execModePool opens a second pool on the schema whose statements run in
+// exec mode (DATABASE_EXEC_MODE=exec): none is prepared, as behind RDS Proxy.
+func (db *benchDB) execModePool(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	cfg.MaxConns = 2
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open an exec-mode pool on schema %s: %w", db.Schema, err)
+	}
+	return pool, nil
+}
+
 // Drop closes the pool and drops the schema, with its own timeout so that it
 // also runs after the bench's context was canceled.
 func (db *benchDB) Drop() error {

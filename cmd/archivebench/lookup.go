@@ -20,10 +20,15 @@ type lookupResult struct {
 	Case        string  `json:"case"`
 	ReaderP50MS float64 `json:"reader_p50_ms"`
 	ReaderP99MS float64 `json:"reader_p99_ms"`
-	NaiveP50MS  float64 `json:"naive_p50_ms"`
-	NaiveP99MS  float64 `json:"naive_p99_ms"`
-	P50VsNaive  float64 `json:"p50_vs_naive"`
-	P99VsNaive  float64 `json:"p99_vs_naive"`
+	// ReaderExecP50MS and ReaderExecP99MS time the Reader on a pool in
+	// DATABASE_EXEC_MODE=exec, as the CDK stack runs it behind RDS Proxy:
+	// nothing is prepared, so every statement is planned on every lookup.
+	ReaderExecP50MS float64 `json:"reader_exec_mode_p50_ms"`
+	ReaderExecP99MS float64 `json:"reader_exec_mode_p99_ms"`
+	NaiveP50MS      float64 `json:"naive_p50_ms"`
+	NaiveP99MS      float64 `json:"naive_p99_ms"`
+	P50VsNaive      float64 `json:"p50_vs_naive"`
+	P99VsNaive      float64 `json:"p99_vs_naive"`
 	// Relation locks one lookup takes and relations its plan scans, each
 	// the mean over ten keys of the case.
 	ReaderLocks float64 `json:"reader_relation_locks"`
@@ -89,6 +94,16 @@ func benchLookup(ctx context.Context, base string, months []int, perMonth, looku
 	if err != nil {
 		return sec, err
 	}
+	execPool, err := db.execModePool(ctx)
+	if err != nil {
+		return sec, err
+	}
+	defer execPool.Close()
+	execReader, err := archive.NewReader(execPool, archive.Config{}, nil)
+	if err != nil {
+		return sec, err
+	}
+	readers := lookupReaders{cached: reader, exec: execReader}
 	g := newKeyGen(2)
 	samples := &keySamples{}
 	thisMonth := partition.MonthStart(time.Now())
@@ -127,7 +142,7 @@ func benchLookup(ctx context.Context, base string, months []int, perMonth, looku
 		}
 		for _, c := range lookupCases(g, samples) {
 			p.Step("lookup: %d partitions, %s", set.Partitions, c.name)
-			r, err := measureLookupCase(ctx, db.Pool, reader, c, lookups, p)
+			r, err := measureLookupCase(ctx, db.Pool, readers, c, lookups, p)
 			if err != nil {
 				return sec, fmt.Errorf("lookup at %d partitions, %s: %w", set.Partitions, c.name, err)
 			}
@@ -213,26 +228,47 @@ func lookupCases(g *keyGen, s *keySamples) []lookupCase {
 	return out
 }
 
-// measureLookupCase runs the Reader's lookup and the naive query in turn,
-// n times each after a warm-up, and counts each one's relation locks.
-func measureLookupCase(ctx context.Context, pool *pgxpool.Pool, reader *archive.Reader, c lookupCase, n int, p *progress) (lookupResult, error) {
+// lookupReaders are the Reader on the bench's pool, which prepares and caches
+// statements (DATABASE_EXEC_MODE=cache_statement, the default), and one on a
+// pool in exec mode, as deployed behind RDS Proxy.
+type lookupReaders struct {
+	cached, exec *archive.Reader
+}
+
+// timedLookup runs one lookup of key and checks its answer against found.
+func timedLookup(ctx context.Context, r *archive.Reader, key string, found bool) (time.Duration, error) {
+	t0 := time.Now()
+	_, err := r.Lookup(ctx, key, nil)
+	d := time.Since(t0)
+	switch {
+	case err == nil && !found:
+		return d, fmt.Errorf("the Reader found %s, which the archive does not hold", key)
+	case errors.Is(err, archive.ErrNotFound) && found:
+		return d, fmt.Errorf("the Reader did not find %s, which the archive holds", key)
+	case err != nil && !errors.Is(err, archive.ErrNotFound):
+		return d, fmt.Errorf("lookup %s: %w", key, err)
+	}
+	return d, nil
+}
+
+// measureLookupCase runs the Reader's lookup in each mode and the naive query
+// in turn, n times each after a warm-up, and counts each one's relation locks.
+func measureLookupCase(ctx context.Context, pool *pgxpool.Pool, readers lookupReaders, c lookupCase, n int, p *progress) (lookupResult, error) {
 	res := lookupResult{Case: c.name}
+	reader := readers.cached
 	const warmup = 50
-	var readerTimes, naiveTimes []time.Duration
+	var readerTimes, execTimes, naiveTimes []time.Duration
 	for i := 0; i < warmup+n; i++ {
 		key := c.key(i)
-		t0 := time.Now()
-		_, err := reader.Lookup(ctx, key, nil)
-		d := time.Since(t0)
-		switch {
-		case err == nil && !c.found:
-			return res, fmt.Errorf("the Reader found %s, which the archive does not hold", key)
-		case errors.Is(err, archive.ErrNotFound) && c.found:
-			return res, fmt.Errorf("the Reader did not find %s, which the archive holds", key)
-		case err != nil && !errors.Is(err, archive.ErrNotFound):
-			return res, fmt.Errorf("lookup %s: %w", key, err)
+		d, err := timedLookup(ctx, reader, key, c.found)
+		if err != nil {
+			return res, err
 		}
-		t0 = time.Now()
+		ed, err := timedLookup(ctx, readers.exec, key, c.found)
+		if err != nil {
+			return res, fmt.Errorf("exec mode: %w", err)
+		}
+		t0 := time.Now()
 		rows, err := naiveLookup(ctx, pool, key)
 		nd := time.Since(t0)
 		if err != nil {
@@ -243,6 +279,7 @@ func measureLookupCase(ctx context.Context, pool *pgxpool.Pool, reader *archive.
 		}
 		if i >= warmup {
 			readerTimes = append(readerTimes, d)
+			execTimes = append(execTimes, ed)
 			naiveTimes = append(naiveTimes, nd)
 		}
 		if i%200 == 0 {
@@ -250,6 +287,7 @@ func measureLookupCase(ctx context.Context, pool *pgxpool.Pool, reader *archive.
 		}
 	}
 	res.ReaderP50MS, res.ReaderP99MS = ms(percentile(readerTimes, 50)), ms(percentile(readerTimes, 99))
+	res.ReaderExecP50MS, res.ReaderExecP99MS = ms(percentile(execTimes, 50)), ms(percentile(execTimes, 99))
 	res.NaiveP50MS, res.NaiveP99MS = ms(percentile(naiveTimes, 50)), ms(percentile(naiveTimes, 99))
 	res.P50VsNaive = ratio(res.ReaderP50MS, res.NaiveP50MS)
 	res.P99VsNaive = ratio(res.ReaderP99MS, res.NaiveP99MS)
