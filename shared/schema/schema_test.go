@@ -278,7 +278,8 @@ func TestUpgradeKeepsLateRowsArchivedBeforeReachable(t *testing.T) {
 // the migration would otherwise leave it neither recorded nor pending (the
 // migration saw an empty archive), and its lookup would miss it. It waits
 // without holding a place in the lock's queue, so inserts beside it never
-// wait behind it.
+// wait behind it, and without holding the pending table it creates a
+// trigger on, so the partition manager's writes there do not wait either.
 func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
@@ -321,6 +322,16 @@ func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
 		return err
 	})
 	require.NoError(t, err, "an archive insert beside the waiting migration")
+	// Nor does the partition manager marking a range pending (a partition
+	// attached with rows, under 006's rule).
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ('2020-01-01', '2020-02-01')")
+		return err
+	})
+	require.NoError(t, err, "a pending range marked beside the waiting migration")
 	require.NoError(t, sweep.Commit(ctx))
 	require.NoError(t, <-migrated)
 

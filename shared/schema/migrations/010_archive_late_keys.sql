@@ -48,6 +48,38 @@ CREATE TABLE IF NOT EXISTS idempotency_archive_late_keys_pending (
     CHECK (expired_from < expired_to)
 );
 
+-- No archive row is inserted from here to the commit (lookups go on): a
+-- sweep batch that inserted under the previous trigger and committed after
+-- this migration would be neither recorded under the new rule nor seen by
+-- the EXISTS at the end. SHARE ROW EXCLUSIVE on the partitioned table, which
+-- every writer inserts through (migration 006), lets the inserts under way
+-- end and holds new ones until the commit, after which they run the new
+-- trigger. The same on idempotency_archive_plain_keys_pending, which the
+-- trigger below is created on, holds the partition manager's writes there
+-- until the commit: a range marked before it is committed, its rows visible
+-- to that EXISTS. Both locks are tried together without waiting, every 50 ms
+-- for up to two minutes, in a subtransaction that gives both back when
+-- either is not free: inserts never queue behind a lock request that waits
+-- (on a long batch, a DETACH ... CONCURRENTLY), so a completion's archive
+-- write stays as short as a batch's, and the partition manager is never
+-- held up by a migration waiting for the archive. The statements from here
+-- to the commit wait for nothing else.
+DO $$
+BEGIN
+    FOR attempt IN 1..2400 LOOP
+        BEGIN
+            LOCK TABLE ONLY idempotency_archive_plain_keys_pending IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+            LOCK TABLE ONLY idempotency_key_archive IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05);
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'migration 010: idempotency_key_archive and idempotency_archive_plain_keys_pending were never both free of writers for two minutes; run the migration again'
+        USING ERRCODE = 'lock_not_available';
+END
+$$;
+
 -- Every range marked pending under migration 006's rule (a partition
 -- attached with rows, by any release of the partition manager) is pending
 -- under this one too. A partition manager from before this migration (a
@@ -204,31 +236,6 @@ BEGIN
     END IF;
     EXECUTE entries || ' ON CONFLICT DO NOTHING' USING ulid_bound, uuid_bound;
     RETURN NULL;
-END
-$$;
-
--- No archive row is inserted from here to the commit (lookups go on): a
--- sweep batch that inserted under the previous trigger and committed after
--- this migration would be neither recorded under the new rule nor seen by
--- the EXISTS below. SHARE ROW EXCLUSIVE on the partitioned table, which
--- every writer inserts through (migration 006), lets the inserts under way
--- end and holds new ones until the commit, after which they run the new
--- trigger. It is tried without waiting, every 50 ms for up to two minutes,
--- so that inserts never queue behind a lock request that waits (on a long
--- batch, a DETACH ... CONCURRENTLY): a completion's archive write stays as
--- short as a batch's.
-DO $$
-BEGIN
-    FOR attempt IN 1..2400 LOOP
-        BEGIN
-            LOCK TABLE ONLY idempotency_key_archive IN SHARE ROW EXCLUSIVE MODE NOWAIT;
-            RETURN;
-        EXCEPTION WHEN lock_not_available THEN
-            PERFORM pg_sleep(0.05);
-        END;
-    END LOOP;
-    RAISE EXCEPTION 'migration 010: idempotency_key_archive was never free of inserts and DETACH ... CONCURRENTLY for two minutes; run the migration again'
-        USING ERRCODE = 'lock_not_available';
 END
 $$;
 
