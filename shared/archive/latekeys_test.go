@@ -651,14 +651,22 @@ func TestTimeBoundIsMigration010s(t *testing.T) {
 		      FROM (SELECT (x * 98765432109)::bigint % 4102444800000 FROM generate_series(1, 20000) AS x) AS ms (m),
 		           (VALUES (-1), (0), (1), (999)) AS ds (d)
 		    UNION ALL
+		    -- Each 5-bit group of a ULID's milliseconds at each of its values.
+		    SELECT 'epoch'::timestamptz + (k * (2::bigint ^ (5 * j))::bigint) * interval '1 millisecond' + d * interval '1 microsecond'
+		      FROM generate_series(1, 31) AS k, generate_series(0, 9) AS j, (VALUES (-1), (0), (1)) AS ds (d)
+		    UNION ALL
+		    -- PostgreSQL's whole range, BC included.
+		    SELECT '4713-11-24 00:00:00+00 BC'::timestamptz + x * interval '8925 days 01:23:45.678901'
+		      FROM generate_series(0, 12000) AS x
+		    UNION ALL
 		    SELECT unnest(ARRAY['infinity', '-infinity', '4713-11-24 00:00:00+00 BC', '294276-12-31 23:59:59.999999+00',
 		                        '1969-12-31 23:59:59.999+00', '10889-08-02 05:31:50.656+00', NULL]::timestamptz[])
 		)
 		SELECT count(*),
 		       count(*) FILTER (WHERE idempotency_key_time_bound(t, u) IS DISTINCT FROM idempotency_key_time_bound_010(t, u)),
-		       coalesce(min(t::text || ' ' || u::text) FILTER (WHERE idempotency_key_time_bound(t, u) IS DISTINCT FROM idempotency_key_time_bound_010(t, u)), '')
+		       coalesce(min(coalesce(t::text, 'NULL') || ' ' || coalesce(u::text, 'NULL')) FILTER (WHERE idempotency_key_time_bound(t, u) IS DISTINCT FROM idempotency_key_time_bound_010(t, u)), '')
 		  FROM instants, (VALUES (true), (false), (NULL)) AS us (u)`).Scan(&compared, &differ, &sample)
 	require.NoError(t, err)
-	require.EqualValues(t, 3*(6001+6001+80000+7), compared)
+	require.EqualValues(t, 3*(6001+6001+80000+930+12001+7), compared)
 	require.Zero(t, differ, "first difference: %s", sample)
 }

@@ -29,8 +29,13 @@
 --     (shift 45) to the least (shift 0), each looked up in the same alphabet,
 --     as string_agg over i = 0..9 with shift 5 * (9 - i) made them; a UUIDv7's
 --     prefix is the same lpad(to_hex(ms), 12, '0').
--- No search_path is set, as before: the body names only pg_catalog
--- functions, which the trigger's search_path (pg_catalog) resolves too.
+-- No search_path is set, as before (a SET clause costs every call): the body
+-- names only pg_catalog functions, which the trigger's search_path
+-- (pg_catalog) resolves too, and each operator's operands have the types of
+-- a pg_catalog operator, which an operator of the same name in a schema on a
+-- caller's search_path cannot then shadow (pg_catalog is searched first).
+-- Were one shadowed all the same, a lookup would find that the database reads
+-- the key's timestamp otherwise and read every month since.
 CREATE OR REPLACE FUNCTION idempotency_key_time_bound(instant timestamptz, ulid boolean) RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
@@ -44,12 +49,12 @@ BEGIN
     ELSIF instant > '10889-08-02 05:31:50.655+00' THEN
         RETURN CASE WHEN ulid THEN '8' ELSE 'g' END;
     END IF;
-    ms := ceil(extract(epoch FROM instant) * 1000);
+    ms := ceil(extract(epoch FROM instant) * 1000::numeric);
     IF NOT ulid THEN
         RETURN lpad(to_hex(ms), 12, '0');
     END IF;
     FOR i IN REVERSE 9..0 LOOP
-        bound := bound || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((ms >> (5 * i)) & 31)::int + 1, 1);
+        bound := bound || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((ms >> (5 * i)) & 31::bigint)::int + 1, 1);
     END LOOP;
     RETURN bound;
 END
