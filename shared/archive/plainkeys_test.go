@@ -132,6 +132,15 @@ func TestPlainKeyLookupWhenTheRulesDisagree(t *testing.T) {
 	require.Equal(t, 201, rec.Status)
 	touched := explainLookup(t, b.reader, r, "idem:v1:disputed")
 	require.Len(t, touched, 15)
+
+	// A rule that cannot say (NULL) is not trusted either.
+	_, err = b.db.Pool.Exec(ctx, `CREATE OR REPLACE FUNCTION idempotency_key_has_time(scoped_key text) RETURNS boolean
+		LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT NULL::boolean $$`)
+	require.NoError(t, err)
+	rec, err = r.Lookup(ctx, "idem:v1:disputed", nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+	require.Len(t, explainLookup(t, b.reader, r, "idem:v1:disputed"), 15)
 }
 
 // rule006 is idempotency_key_has_time as migration 006 wrote it, a pattern
