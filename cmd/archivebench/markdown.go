@@ -237,7 +237,7 @@ func execLocks(c lookupResult) string {
 	if c.ReaderLocksExec == 0 {
 		return ""
 	}
-	return fmt.Sprintf(", %.1f in exec mode behind RDS Proxy (%s)", c.ReaderLocksExec, met(c.ReaderLocksExec <= 4))
+	return fmt.Sprintf(", %.1f in exec mode (as behind RDS Proxy) (%s)", c.ReaderLocksExec, met(c.ReaderLocksExec <= 4))
 }
 
 // execTimes is a lookup case's exec-mode p50 / p99, or a dash for JSON of
