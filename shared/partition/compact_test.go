@@ -320,9 +320,19 @@ func TestARebuildCancelledOrTimedOutLeavesACleanState(t *testing.T) {
 	ctx := context.Background()
 	db, keys, name, before := october(t)
 
-	// GIVEN a writer that holds the rebuild back for longer than its 1s
+	// GIVEN a writer that holds the rebuild back for longer than its 1s,
+	// timed from when the rebuild is seen waiting (not from now: on a loaded
+	// machine the run may start late enough that a fixed delay ends first)
 	commit := holdWriter(t, db)
-	go func() { time.Sleep(1500 * time.Millisecond); commit() }()
+	go func() {
+		const waiting = `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'REINDEX INDEX CONCURRENTLY%' AND strpos(query, $1) > 0
+			AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`
+		for deadline := time.Now().Add(time.Minute); dbtest.Count(t, db.Pool, waiting, db.Schema) == 0 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		commit()
+	}()
 
 	// WHEN a run with a 1s statement timeout compacts
 	res, err := compacting(t, db, partition.Config{StatementTimeout: time.Second}).Run(ctx, false)
