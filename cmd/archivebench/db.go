@@ -61,31 +61,29 @@ func newBenchDB(ctx context.Context, base, purpose string) (*benchDB, error) {
 		_ = db.Drop()
 		return nil, fmt.Errorf("migrate schema %s: %w", name, err)
 	}
-	pcfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
+	if db.Pool, err = db.openPool(ctx, 8, false); err != nil {
 		_ = db.Drop()
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
-	}
-	pcfg.MaxConns = 8
-	if db.Pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
-		_ = db.Drop()
-		return nil, fmt.Errorf("open a pool on schema %s: %w", name, err)
+		return nil, err
 	}
 	return db, nil
 }
 
-// execModePool opens a second pool on the schema whose statements run in
-// exec mode (DATABASE_EXEC_MODE=exec): none is prepared, as behind RDS Proxy.
-func (db *benchDB) execModePool(ctx context.Context) (*pgxpool.Pool, error) {
+// openPool opens a pool of at most maxConns connections on the schema, whose
+// statements run in exec mode (DATABASE_EXEC_MODE=exec: none is prepared, as
+// behind RDS Proxy) when exec is set, else in the connection string's mode
+// (cache_statement unless it says otherwise).
+func (db *benchDB) openPool(ctx context.Context, maxConns int32, exec bool) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
 	}
-	cfg.MaxConns = 2
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cfg.MaxConns = maxConns
+	if exec {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("open an exec-mode pool on schema %s: %w", db.Schema, err)
+		return nil, fmt.Errorf("open a pool on schema %s: %w", db.Schema, err)
 	}
 	return pool, nil
 }

@@ -94,7 +94,7 @@ func benchLookup(ctx context.Context, base string, months []int, perMonth, looku
 	if err != nil {
 		return sec, err
 	}
-	execPool, err := db.execModePool(ctx)
+	execPool, err := db.openPool(ctx, 2, true)
 	if err != nil {
 		return sec, err
 	}
