@@ -393,6 +393,91 @@ func TestAKeyMintedLongAgoReadsItsSpanAndItsLateRows(t *testing.T) {
 	require.Contains(t, explainLookup(t, b.reader, r, key), "idempotency_key_archive_2026_11")
 }
 
+// A span of days compares equal to the Reader's 192 hours as an interval,
+// but the trigger subtracts it in the writer's TimeZone: 8 days before
+// 2026-04-08 00:00 UTC in Sydney, whose daylight saving time ended on the
+// 5th, are 193 hours, so a row half an hour past the Reader's span is not
+// recorded. The lookup must not trust such a database's records.
+func TestASpanOfDaysIsNotTheReadersSpan(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.db.Pool.Exec(ctx, "CREATE OR REPLACE FUNCTION idempotency_key_prompt_span() RETURNS interval LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '8 days' $$")
+	require.NoError(t, err)
+	expired := time.Date(2026, 4, 8, 0, 0, 0, 0, time.UTC)
+	minted := expired.Add(-archive.PromptSpan - 30*time.Minute)
+	inSydney := "idem:v1:" + dbtest.ULID(minted, "")
+	inUTC := "idem:v1:" + dbtest.ULID(minted, "0000000000000000")
+	dbtest.InsertArchive(t, b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole), dbtest.WithParam("TimeZone", "Australia/Sydney")),
+		dbtest.ArchiveRow{Key: inSydney, Status: 201, ExpiredAt: expired})
+	dbtest.InsertArchive(t, b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole), dbtest.WithParam("TimeZone", "UTC")),
+		dbtest.ArchiveRow{Key: inUTC, Status: 201, ExpiredAt: expired})
+	var recorded int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash($1)", inSydney).Scan(&recorded))
+	require.Zero(t, recorded, "the premise: the row written in Sydney is not recorded as late")
+
+	r := newReader(t, b.reader, nil)
+	for _, key := range []string{inUTC, inSydney} {
+		rec, err := r.Lookup(ctx, key, nil)
+		require.NoError(t, err, "the archive holds %s (expired %s)", key, expired)
+		require.Equal(t, 201, rec.Status)
+	}
+}
+
+// Late rows at the edges of the span and of months, of every key shape,
+// written by a sweeper in an odd TimeZone, are found in every exec mode and
+// plan cache mode, under another TimeZone, and again once plans are cached.
+func TestLateRowsAreFoundInEveryExecAndPlanMode(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	type row struct {
+		key     string
+		expired time.Time
+	}
+	var rows []row
+	mints := []time.Time{
+		time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 1, 31, 23, 59, 59, 999e6, time.UTC),
+		time.Date(2026, 3, 1, 0, 59, 59, 999e6, time.UTC),
+		time.Date(2026, 4, 22, 23, 59, 59, 999e6, time.UTC), // its span ends 1 ms before May
+	}
+	i := 0
+	for _, m := range mints {
+		for _, late := range []time.Duration{archive.PromptSpan + time.Microsecond, archive.PromptSpan + time.Millisecond, archive.PromptSpan + 40*24*time.Hour, 200 * 24 * time.Hour} {
+			i++
+			for _, key := range []string{
+				"idem:v1:" + dbtest.ULID(m, fmt.Sprintf("%016d", i)),
+				"idem:v1:" + strings.ToLower(dbtest.ULID(m, fmt.Sprintf("%016d", i+100))),
+				"idem:v1:" + dbtest.UUIDv7(m, uint64(i)),
+				"t=acme:é:" + strings.ToUpper(dbtest.UUIDv7(m, uint64(i+100))),
+			} {
+				rows = append(rows, row{key, m.Add(late)})
+			}
+		}
+	}
+	sweeper := b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole), dbtest.WithParam("TimeZone", "America/St_Johns"))
+	for _, r := range rows {
+		require.True(t, r.expired.Before(now), "%s expires after the test's now", r.key)
+		dbtest.InsertArchive(t, sweeper, dbtest.ArchiveRow{Key: r.key, Status: 201, ExpiredAt: r.expired})
+	}
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
+		for _, plan := range []string{"auto", "force_generic_plan", "force_custom_plan"} {
+			pool := b.db.NewPool(t, dbtest.AsRole(schema.ReaderRole), dbtest.WithParam("plan_cache_mode", plan),
+				dbtest.WithParam("TimeZone", "Pacific/Chatham"),
+				func(c *pgxpool.Config) { c.MaxConns = 1; c.ConnConfig.DefaultQueryExecMode = mode })
+			r := newReader(t, pool, nil)
+			for rep := 0; rep < 2; rep++ {
+				for _, row := range rows {
+					if _, err := r.Lookup(ctx, row.key, nil); err != nil {
+						t.Errorf("%s, %s: %s (expired %s): %v", mode, plan, row.key, row.expired, err)
+					}
+				}
+			}
+		}
+	}
+}
+
 // The database must read a key's timestamp as keytime does, or a lookup
 // would trust records kept by another reading: one that differs (a rule
 // changed by hand) makes the lookup read everything up to now.
