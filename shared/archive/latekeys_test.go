@@ -755,3 +755,49 @@ func TestTimeBoundIsMigration010s(t *testing.T) {
 	require.EqualValues(t, 3*(6001+6001+80000+930+12001+7), compared)
 	require.Zero(t, differ, "first difference: %s", sample)
 }
+
+// Rows written with the archive's triggers off (an owner's data-only
+// restore) are not recorded, so a lookup can miss them; the README's remedy,
+// marking their expiries pending, makes lookups read the range in full until
+// the partition manager has recorded its rows.
+func TestRowsWrittenWithTriggersOffAreFoundOnceTheirRangeIsPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	late := "idem:v1:" + dbtest.ULID(time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC), "")
+	plain := "idem:v1:restored-without-triggers"
+	conn, err := b.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "SET session_replication_role = replica")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ($1, '\x00', 201, '2026-10-14 00:00:00+00', '2026-10-15 00:00:00+00'),
+		       ($2, '\x00', 202, '2026-10-14 00:00:00+00', '2026-10-15 00:00:00+00')`, late, plain)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "RESET session_replication_role")
+	require.NoError(t, err)
+
+	r := newReader(t, b.reader, nil)
+	for _, key := range []string{late, plain} {
+		_, err := r.Lookup(ctx, key, nil)
+		require.ErrorIs(t, err, archive.ErrNotFound, "the premise: %s is not recorded, and missed", key)
+	}
+	_, err = b.db.Pool.Exec(ctx, "INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ('2026-10-15 00:00:00+00', '2026-10-16 00:00:00+00')")
+	require.NoError(t, err)
+	find := func(msg string) {
+		t.Helper()
+		for key, status := range map[string]int{late: 201, plain: 202} {
+			rec, err := r.Lookup(ctx, key, nil)
+			require.NoError(t, err, "%s: %s", msg, key)
+			require.Equal(t, status, rec.Status, "%s: %s", msg, key)
+		}
+	}
+	find("pending")
+	p, err := plainkeys.Index(ctx, conn.Conn(), 100, plainkeys.Limits{}, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, plainkeys.Progress{Scanned: 2, Recorded: 2, RangesDone: 1}, p)
+	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_archive_late_keys_pending"))
+	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+	find("recorded")
+}
