@@ -8,7 +8,19 @@ WITH_SERVICES := shared/testenv/with-services.sh
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 # Defined before any rule names them: make expands prerequisites as it reads.
 FUNCTIONS := sweep partitions lookup migrate
-BUILD_FLAGS := -tags lambda.norpc -trimpath -ldflags "-s -w"
+# TRACING=off builds the functions without the X-Ray SDK (the notrace tag):
+# a third smaller lookup binary; the functions then record no subsegments of
+# their own (Lambda's active tracing still records each invocation).
+TRACING ?= xray
+ifeq ($(TRACING),xray)
+BUILD_TAGS := lambda.norpc
+else ifeq ($(TRACING),off)
+BUILD_TAGS := lambda.norpc,notrace
+else
+$(error TRACING must be xray (the default) or off, not "$(TRACING)")
+endif
+GO_BUILD_FLAGS := -trimpath -ldflags "-s -w"
+BUILD_FLAGS := -tags $(BUILD_TAGS) $(GO_BUILD_FLAGS)
 RIE := bin/tools/aws-lambda-rie
 RIE_MODULE := github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
 
@@ -32,6 +44,7 @@ build-notice:
 .PHONY: test
 test: lint $(RIE) ## Every test against throwaway PostgreSQL and Redis (self-provisioning), then the demo
 	$(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
+	$(GO) test $(GOTEST_FLAGS) -tags notrace ./shared/tracing
 	$(MAKE) --no-print-directory infra-test
 	$(MAKE) --no-print-directory demo
 
@@ -54,8 +67,9 @@ synth: build ## Synthesize the CloudFormation template into cdk.out/ offline, fr
 	@echo "synthesized: cdk.out/$$(cd cdk.out && ls *.template.json)"
 
 .PHONY: lint
-lint: ## go vet and gofmt
+lint: ## go vet and gofmt (of the notrace build too)
 	$(GO) vet ./...
+	$(GO) vet -tags notrace ./shared/tracing ./functions/...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on: $$unformatted"; exit 1; fi
 
@@ -144,15 +158,20 @@ db-shell: archivectl ## Throwaway database, migrated and partitioned, with a she
 # and BENCH_COMPACT_ROWS scale it.
 .PHONY: bench
 bench: build build-local bench-baseline bin/archivebench $(RIE) ## Sweep, lookup, storage, fresh-key and cold-start figures against baselines: writes BENCHMARKS.md (about 5 min)
-	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bin/archivebench -json bin/bench.json -md BENCHMARKS.md -command "make bench"
+	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bin/archivebench -json bin/bench.json -md BENCHMARKS.md -command "make bench$(if $(filter off,$(TRACING)), TRACING=off)"
 
-# The cold-start and size baseline: a Go function that imports only aws-lambda-go.
+# The cold-start and size baselines: a Go function that imports only
+# aws-lambda-go, and the lookup function built without the X-Ray SDK.
 .PHONY: bench-baseline
 bench-baseline: bin/lambdalocal
 	@echo "  build  bin/bench/nullfn/bootstrap (linux/arm64), bin/bench/nullfn.zip, bin/bench/local/nullfn/bootstrap"
 	@CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build $(BUILD_FLAGS) -o bin/bench/nullfn/bootstrap ./cmd/archivebench/nullfn
 	@bin/lambdalocal zip -o bin/bench/nullfn.zip bin/bench/nullfn/bootstrap
 	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o bin/bench/local/nullfn/bootstrap ./cmd/archivebench/nullfn
+	@echo "  build  bin/bench/lookup-notrace/bootstrap (linux/arm64), bin/bench/lookup-notrace.zip, bin/bench/local/lookup-notrace/bootstrap"
+	@CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -tags lambda.norpc,notrace $(GO_BUILD_FLAGS) -o bin/bench/lookup-notrace/bootstrap ./functions/lookup
+	@bin/lambdalocal zip -o bin/bench/lookup-notrace.zip bin/bench/lookup-notrace/bootstrap
+	@CGO_ENABLED=0 $(GO) build -tags lambda.norpc,notrace $(GO_BUILD_FLAGS) -o bin/bench/local/lookup-notrace/bootstrap ./functions/lookup
 
 .PHONY: bin/archivebench
 bin/archivebench:

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/idemarchive/idemarchive/shared/emulator"
@@ -17,6 +18,10 @@ import (
 
 // baselineFunction is the cold-start and size baseline: cmd/archivebench/nullfn.
 const baselineFunction = "baseline (aws-lambda-go only)"
+
+// lookupWithoutXRay is the lookup function built without the X-Ray SDK
+// (make build TRACING=off).
+const lookupWithoutXRay = "lookup without X-Ray (TRACING=off)"
 
 // functionResult is one function's package size and cold start.
 type functionResult struct {
@@ -68,7 +73,15 @@ func projectFunctions(bin, events string) []functionPaths {
 			event:     filepath.Join(events, f.event),
 		})
 	}
-	return fns
+	// What the X-Ray SDK costs the function on a payment's path: the same
+	// lookup built with the notrace tag (make bench-baseline).
+	return slices.Insert(fns, 2, functionPaths{
+		name:      lookupWithoutXRay,
+		bootstrap: filepath.Join(bin, "bench", "lookup-notrace", "bootstrap"),
+		zip:       filepath.Join(bin, "bench", "lookup-notrace.zip"),
+		local:     filepath.Join(bin, "bench", "local", "lookup-notrace", "bootstrap"),
+		event:     filepath.Join(events, "lookup-direct.json"),
+	})
 }
 
 // checkFunctionBuilds fails, before anything is measured, when a build the

@@ -60,6 +60,12 @@ func (r *report) tables() string {
 				c.Function, mb(c.BootstrapBytes), mb(c.ZipBytes), c.ZipVsBaseline, c.ColdStartMS, c.ColdStartMaxMS, c.ColdVsBaseline,
 				c.WarmInvokeMS, c.Init.ClockMS, c.Init.Packages, c.InitVsBaseline)
 		}
+		if traced, untraced, ok := xrayCost(fn.Functions); ok {
+			w("\nWhat the X-Ray SDK costs the lookup function (`make build TRACING=off` builds it without): bootstrap %.1f MB against %.1f MB (%.0f%% of it), zip %.1f MB against %.1f MB, cold start %.0f ms against %.0f ms (%.2fx), Go init %.1f ms against %.1f ms.\n",
+				mb(traced.BootstrapBytes), mb(untraced.BootstrapBytes), 100*(1-float64(untraced.BootstrapBytes)/float64(traced.BootstrapBytes)),
+				mb(traced.ZipBytes), mb(untraced.ZipBytes), traced.ColdStartMS, untraced.ColdStartMS, ratio(traced.ColdStartMS, untraced.ColdStartMS),
+				traced.Init.ClockMS, untraced.Init.ClockMS)
+		}
 		w("\nWhat each dependency's package init costs (median run with GODEBUG=inittrace=1, top groups):\n\n")
 		w("| Function | dependency: init ms |\n| --- | --- |\n")
 		for _, c := range fn.Functions {
@@ -168,7 +174,7 @@ func (r *report) document(tables string) string {
 		"The exec-mode column runs the same statements with `pgx.QueryExecModeExec`, as the CDK stack's functions do behind RDS Proxy (DATABASE_EXEC_MODE=exec): nothing is prepared, so every run is planned, and planning locks every index of each partition it keeps.\n")
 	w("3. **Storage.** `pg_relation_size` (heap), `pg_indexes_size` (primary key and the created_at BRIN index) and `pg_total_relation_size` summed over the partitions after each sweep, plus `pg_total_relation_size` of idempotency_archive_plain_keys (an entry per row of a key without a timestamp, a third of the rows here), in the total. The floor is each row's own size (`pg_column_size` of the row, 8-byte aligned, plus its line pointer) plus a primary-key entry of its key, with no free space and no page headers.\n")
 	w("4. **Fresh keys.** Requests through `idempotency.New` with `livestore.NewPostgres`, `SingleTenant: true`, `ClockSkew: keytime.DefaultClockSkew`, and the `*archive.Reader` wrapped in a counter, in a schema whose only writer is that middleware.\n")
-	w("5. **Functions.** Sizes of bin/<fn>/bootstrap and bin/<fn>.zip from `make build` (linux/arm64). Cold start: the local build (bin/local/<fn>/bootstrap) under the Runtime Interface Emulator (`shared/emulator.Start`), from starting the emulator to the first answer, median of the starts; the database is reached on that first invocation. Go init: the sum of the `init ... ms clock` lines GODEBUG=inittrace=1 prints, median of as many more starts. The baseline is cmd/archivebench/nullfn, a function importing only aws-lambda-go. The sweep is invoked with events/sweep-schedule.json, partitions with events/partitions-dry-run.json, lookup with events/lookup-direct.json, migrate with events/migrate-cfn-delete.json answered to a local server.\n")
+	w("5. **Functions.** Sizes of bin/<fn>/bootstrap and bin/<fn>.zip from `make build` (linux/arm64). Cold start: the local build (bin/local/<fn>/bootstrap) under the Runtime Interface Emulator (`shared/emulator.Start`), from starting the emulator to the first answer, median of the starts; the database is reached on that first invocation. Go init: the sum of the `init ... ms clock` lines GODEBUG=inittrace=1 prints, median of as many more starts. The baseline is cmd/archivebench/nullfn, a function importing only aws-lambda-go; the lookup is also built with the notrace tag (`make build TRACING=off`: no X-Ray SDK) and measured the same way. The sweep is invoked with events/sweep-schedule.json, partitions with events/partitions-dry-run.json, lookup with events/lookup-direct.json, migrate with events/migrate-cfn-delete.json answered to a local server.\n")
 	w("6. **Live traffic while sweeping.** Each operation is one request's work on the live store: `livestore.NewPostgres(pool).Register` of a fresh ULID key minted now (TTL 24 h, `ClockSkew: keytime.DefaultClockSkew`), then `Complete` with a small JSON charge, timed together; %d goroutines share the operations, after %d untimed ones. ", trafficWriters, trafficWarmup)
 	w("The live table holds the same expired backlog (completed keys of the three shapes, expired over the last day) at the start of every run, reloaded, vacuumed, analyzed and checkpointed as for the sweep. ")
 	w("With the sweeper, `sweep.New(pool, sweep.Config{BatchSize: 10000, Pause: p}, partitions, nil).Run` runs in a loop from before the writers start (the timing begins after its first batch) until they finish, and is then canceled; had the backlog drained, it would have been loaded again (the reloads column). ")
@@ -400,4 +406,19 @@ func durationHuman(seconds float64) string {
 	default:
 		return fmt.Sprintf("%.0f s", seconds)
 	}
+}
+
+// xrayCost returns the lookup function's figures with and without the X-Ray
+// SDK, when the run measured both.
+func xrayCost(fns []functionResult) (traced, untraced functionResult, ok bool) {
+	var found int
+	for _, f := range fns {
+		switch f.Function {
+		case "lookup":
+			traced, found = f, found|1
+		case lookupWithoutXRay:
+			untraced, found = f, found|2
+		}
+	}
+	return traced, untraced, found == 3 && traced.BootstrapBytes > 0
 }

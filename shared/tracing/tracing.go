@@ -1,3 +1,5 @@
+//go:build !notrace
+
 // Package tracing wraps units of work in AWS X-Ray subsegments. It is the only
 // package that imports the X-Ray SDK: that SDK reaches end of support on
 // 2027-02-25, and swapping it for OpenTelemetry must touch this file alone.
@@ -6,6 +8,11 @@
 // invocation that carries a trace header. Everywhere else — tests, the CLI,
 // a laptop — Span just calls the function: no X-Ray call, no log line, no
 // UDP packet.
+//
+// Built with the notrace tag (make build TRACING=off), the package links no
+// X-Ray code at all and Span only calls the function (notrace.go): the X-Ray
+// SDK's xray package brings grpc and protobuf along, about a third of the
+// lookup function's binary (BENCHMARKS.md).
 //
 //	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error { ... })
 package tracing

@@ -1,3 +1,5 @@
+//go:build !notrace
+
 package tracing
 
 import (
