@@ -114,7 +114,11 @@ const (
 	// minted - w.skew) early enough for that registration to have expired by
 	// now (a registration is no earlier than minted - w.skew and no earlier
 	// than w.first_used, and lives w.ttl). A writer that bounded nothing
-	// could have registered anything. clock_timestamp() is read after the
+	// could have registered anything. A writer that archives at completion
+	// (ttl 0, the Redis store) could have archived any key minted while its
+	// lease ran: its registrations follow its own clock, not the database's,
+	// so a host clock ahead of the database's lets it archive a key minted
+	// ahead of now(), which the expiry test would rule out. clock_timestamp() is read after the
 	// insert, which waited for any sweep of the key's previous row to
 	// commit, so a row that sweep archived had expired before it.
 	pgRegisterTemplate = `
@@ -137,9 +141,10 @@ SELECT lease.live, ahead.ahead, ins.created_at, ins.expires_at,
            SELECT 1 FROM idempotency_writers w
             WHERE NOT w.bounded
                OR (w.used_until >= $5::timestamptz - w.skew_ms * interval '1 millisecond'
-                   AND greatest($5::timestamptz - w.skew_ms * interval '1 millisecond', w.first_used)
-                       + w.ttl_ms * interval '1 millisecond'
-                       <= clock_timestamp() + $6 * interval '1 millisecond')))
+                   AND (w.ttl_ms = 0
+                        OR greatest($5::timestamptz - w.skew_ms * interval '1 millisecond', w.first_used)
+                           + w.ttl_ms * interval '1 millisecond'
+                           <= clock_timestamp() + $6 * interval '1 millisecond'))))
   FROM lease CROSS JOIN ahead LEFT JOIN ins ON true`
 
 	// pgGetSQL reads an entry, and whether its window has ended by the
