@@ -588,7 +588,7 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, e
 	}
 	all.ceiling = all.latest
 	if ts, ok := keytime.FromKey(scopedKey); ok {
-		w, err := r.readWriters(ctx)
+		w, err := r.readWriters(ctx, reachTTL)
 		if err != nil || w.reach < 0 {
 			return all, err
 		}
@@ -846,11 +846,13 @@ SELECT CASE WHEN bool_or(NOT bounded) THEN NULL ELSE coalesce(max(skew_ms), 0) E
        coalesce(max(ttl_ms), 0)
   FROM idempotency_writers`
 
-func (r *Reader) readWriters(ctx context.Context) (writersView, error) {
+// readWriters returns the writers on record, as read at most maxAge ago (0:
+// read now).
+func (r *Reader) readWriters(ctx context.Context, maxAge time.Duration) (writersView, error) {
 	r.mu.Lock()
 	w, read := r.writers, r.writersRead
 	r.mu.Unlock()
-	if !read.IsZero() && time.Since(read) < reachTTL {
+	if !read.IsZero() && time.Since(read) < maxAge {
 		return w, nil
 	}
 	// Not under the lock: one slow caller must not hold up the others.
@@ -994,7 +996,14 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	// rows are not silently left out.
 	// Writers that cannot be read fail the query rather than narrow it
 	// silently; a schema or role without the table reads MaxLiveTTL alone.
-	w, err := r.readWriters(ctx)
+	// They are read afresh for every page: unlike a lookup's bounds, which
+	// proofSQL checks afterwards, nothing would catch a view up to
+	// reachTTL old that misses a writer come on record since (a Redis store
+	// archiving at completion, with TTLs past MaxLiveTTL). A writer that
+	// comes on record between this read and the page's query can leave out
+	// only rows archived in that moment, which a query begun a moment
+	// earlier would not have listed either.
+	w, err := r.readWriters(ctx, 0)
 	if err != nil {
 		return page, fmt.Errorf("archive investigation query: %w", err)
 	}

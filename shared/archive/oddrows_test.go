@@ -120,9 +120,14 @@ func TestAnInvestigationReadsAsFarAsTheLongestTTLOnRecord(t *testing.T) {
 	created := time.Date(2026, 9, 10, 10, 0, 0, 0, time.UTC)
 	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:long-lived", Status: 201, CreatedAt: created, ExpiredAt: created.Add(20 * 24 * time.Hour)})
 	q := archive.Query{ScopePrefix: "idem:v1:", CreatedFrom: created.Add(-time.Hour), CreatedTo: created.Add(time.Hour)}
+	// One Reader throughout, as an investigator's paging through a
+	// long-lived one: a writer that comes on record between two pages
+	// widens the next page, though lookups would still trust their view of
+	// the writers for up to a minute.
+	warm := newReader(t, b.reader, nil)
 
 	// Without a writer of that TTL on record, the 7-day MaxLiveTTL bounds it
-	page, err := newReader(t, b.reader, nil).Investigate(ctx, q)
+	page, err := warm.Investigate(ctx, q)
 	require.NoError(t, err)
 	require.Empty(t, page.Records)
 
@@ -130,7 +135,7 @@ func TestAnInvestigationReadsAsFarAsTheLongestTTLOnRecord(t *testing.T) {
 	_, err = b.db.Pool.Exec(ctx, `INSERT INTO idempotency_writers (ttl_ms, skew_ms, first_used, used_until)
 		VALUES ($1, 0, '2026-09-01', '2026-10-01')`, (30 * 24 * time.Hour).Milliseconds())
 	require.NoError(t, err)
-	page, err = newReader(t, b.reader, nil).Investigate(ctx, q)
+	page, err = warm.Investigate(ctx, q)
 	require.NoError(t, err)
 	require.Len(t, page.Records, 1)
 	require.Equal(t, "idem:v1:long-lived", page.Records[0].ScopedKey)
@@ -138,12 +143,12 @@ func TestAnInvestigationReadsAsFarAsTheLongestTTLOnRecord(t *testing.T) {
 	// AND a writer that archives at completion (a Redis store, its TTL not
 	// recorded) widens it to MaxCompletionTTL
 	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:redis-lived", Status: 201, CreatedAt: created, ExpiredAt: created.Add(archive.MaxCompletionTTL)})
-	page, err = newReader(t, b.reader, nil).Investigate(ctx, q)
+	page, err = warm.Investigate(ctx, q)
 	require.NoError(t, err)
 	require.Len(t, page.Records, 1, "not yet: no such writer")
 	_, err = b.db.Pool.Exec(ctx, `INSERT INTO idempotency_writers (ttl_ms, skew_ms, first_used, used_until) VALUES (0, 0, '2026-09-01', '2026-10-01')`)
 	require.NoError(t, err)
-	page, err = newReader(t, b.reader, nil).Investigate(ctx, q)
+	page, err = warm.Investigate(ctx, q)
 	require.NoError(t, err)
 	require.Len(t, page.Records, 2)
 
