@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -32,14 +34,16 @@ func newHandler(env *fnenv.Env) *handler {
 // shape tells the event shapes apart: HTTP API 2.0 events carry version
 // "2.0" and rawPath (so do function URL events, whose domain name is a
 // lambda-url one), REST proxy events httpMethod and no version, HTTP API
-// 1.0 events httpMethod and version "1.0"; anything else is a direct
+// 1.0 events httpMethod and version "1.0", Application Load Balancer
+// events httpMethod and requestContext.elb; anything else is a direct
 // invocation.
 type shape struct {
 	Version        string `json:"version"`
 	RawPath        string `json:"rawPath"`
 	HTTPMethod     string `json:"httpMethod"`
 	RequestContext struct {
-		DomainName string `json:"domainName"`
+		DomainName string          `json:"domainName"`
+		ELB        json.RawMessage `json:"elb"`
 	} `json:"requestContext"`
 }
 
@@ -54,6 +58,12 @@ func functionURL(domain string) bool {
 // told apart by the path alone, so a key with '%' in it would be read as
 // another key.
 var errPayloadV1 = errors.New("HTTP API payload format 1.0 is not supported: configure the integration with payload format 2.0")
+
+// errALB refuses Application Load Balancer events: an ALB hands the function
+// its query values still percent-encoded, in a REST event's fields, so
+// /v1/archive/lookup?scoped_key=idem%3Av1%3Ak would look up the literal
+// "idem%3Av1%3Ak" and answer a definite 404 for an archived key.
+var errALB = errors.New("Application Load Balancer events are not supported: invoke the lookup through API Gateway, a function URL or lambda:Invoke")
 
 func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	requestID := fnenv.RequestID(ctx)
@@ -82,6 +92,12 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	case sh.HTTPMethod != "" && sh.Version == "1.0":
 		r := h.api.ErrorResponse(ctx, badPayload(errPayloadV1), requestID)
 		return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+
+	case sh.HTTPMethod != "" && len(sh.RequestContext.ELB) > 0 && string(sh.RequestContext.ELB) != "null":
+		// An ALB answer needs statusDescription as well; the rest of a
+		// REST answer is what it reads.
+		r := h.api.ErrorResponse(ctx, badPayload(errALB), requestID)
+		return h.respond(ctx, events.ALBTargetGroupResponse{StatusCode: r.Status, StatusDescription: statusLine(r.Status), Headers: r.Headers, Body: string(r.Body)})
 
 	case sh.HTTPMethod != "":
 		var ev events.APIGatewayProxyRequest
@@ -158,6 +174,8 @@ func (h *handler) respond(ctx context.Context, v any) ([]byte, error) {
 		status = r.StatusCode
 	case events.APIGatewayProxyResponse:
 		status = r.StatusCode
+	case events.ALBTargetGroupResponse:
+		status = r.StatusCode
 	case lookupapi.DirectResponse:
 		status = r.Status
 	}
@@ -167,6 +185,12 @@ func (h *handler) respond(ctx context.Context, v any) ([]byte, error) {
 		h.env.RequestLogger(ctx).ErrorContext(ctx, "lookup answer failed to encode", "error", err)
 	}
 	return b, err
+}
+
+// statusLine is an HTTP status line's code and reason, as an ALB answer's
+// statusDescription carries them ("400 Bad Request").
+func statusLine(status int) string {
+	return strconv.Itoa(status) + " " + http.StatusText(status)
 }
 
 type payloadError struct{ err error }

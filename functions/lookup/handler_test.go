@@ -145,6 +145,38 @@ func TestHTTPAPIPayloadFormat1IsRefused(t *testing.T) {
 	require.Equal(t, "application/problem+json", resp.Headers["Content-Type"])
 }
 
+// An Application Load Balancer hands the function its query values still
+// percent-encoded, in a REST event's fields: read as a REST event, the
+// query route would look up "idem%3Av1%3Aprobe", not the archived key, and
+// answer a definite 404. Such events are refused with a 400 that says what
+// to use instead, in the shape an ALB reads.
+func TestApplicationLoadBalancerEventsAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	elb := events.ALBTargetGroupRequestContext{ELB: events.ELBContext{TargetGroupArn: "arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/lookup/abc"}}
+	for name, ev := range map[string]events.ALBTargetGroupRequest{
+		"query route": {HTTPMethod: "GET", Path: "/v1/archive/lookup", QueryStringParameters: map[string]string{"scoped_key": "idem%3Av1%3Aprobe"}, RequestContext: elb},
+		"path route":  {HTTPMethod: "GET", Path: "/v1/archive/keys/idem%3Av1%3Aprobe", RequestContext: elb},
+	} {
+		payload, err := json.Marshal(ev)
+		require.NoError(t, err)
+		var resp events.ALBTargetGroupResponse
+		require.NoError(t, json.Unmarshal(b.invoke(t, payload), &resp), name)
+		require.Equal(t, 400, resp.StatusCode, "%s: %s", name, resp.Body)
+		require.Equal(t, "400 Bad Request", resp.StatusDescription, name)
+		require.Contains(t, resp.Body, "Application Load Balancer events are not supported", name)
+		require.Equal(t, "application/problem+json", resp.Headers["Content-Type"], name)
+	}
+
+	// AND a REST event whose requestContext carries elb: null is still a REST event
+	rest := map[string]any{"httpMethod": "GET", "path": "/v1/archive/keys/idem%3Av1%3Aprobe", "requestContext": map[string]any{"elb": nil}}
+	payload, err := json.Marshal(rest)
+	require.NoError(t, err)
+	var resp events.APIGatewayProxyResponse
+	require.NoError(t, json.Unmarshal(b.invoke(t, payload), &resp))
+	require.Equal(t, 200, resp.StatusCode, resp.Body)
+}
+
 func TestKeysWithAwkwardCharacters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
