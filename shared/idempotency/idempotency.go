@@ -621,17 +621,23 @@ func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []by
 			return
 		}
 		select {
-		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		case <-time.After(completeBackoff << (attempt - 1)):
 		case <-cctx.Done():
 			return
 		}
 	}
 }
 
-// completeBudget and completeAttempts bound the recording of an outcome.
+// completeBudget and completeAttempts bound the recording of an outcome;
+// the attempts wait completeBackoff, then twice, then four times as long
+// before them (1, 2 and 4 s), so that they span most of the budget: an
+// outage of a few seconds (a failover, a lock held by a migration) still
+// ends before the last attempt, where attempts 200 ms apart all failed
+// within about a second.
 const (
 	completeBudget   = 10 * time.Second
 	completeAttempts = 4
+	completeBackoff  = time.Second
 )
 
 func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (archive.Record, error) {

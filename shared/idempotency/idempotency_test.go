@@ -651,6 +651,23 @@ func TestARedisHashLostInFlightIsNeverRunAgain(t *testing.T) {
 	t.Parallel()
 	// GIVEN a request whose hash is lost while its handler runs
 	b := setup(t, rds)
+	srv, h, key, first := runLosingItsHash(t, b, func() {})
+	require.Equal(t, http.StatusCreated, first.Code)
+
+	// WHEN its client, which never saw the answer, retries
+	retry := post(srv, key, `{}`)
+
+	// THEN the retry is the archived outcome, and the handler ran once
+	requireResponseLost(t, retry)
+	require.EqualValues(t, 1, h.calls.Load(), "the completed request ran again")
+}
+
+// runLosingItsHash runs a request on b's Redis store (LiveTTL 1 h, a fresh
+// UUIDv7 key) whose hash is lost while its handler runs, then calls meanwhile
+// before the handler answers. It returns the middleware, the handler (its
+// later calls do not wait), the key and the request's answer.
+func runLosingItsHash(t *testing.T, b bundle, meanwhile func()) (http.Handler, *charges, string, *httptest.ResponseRecorder) {
+	t.Helper()
 	h := &charges{block: make(chan struct{}), started: make(chan struct{}, 1)}
 	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
 	key := mintKey(uuidv7Key, time.Now())
@@ -658,17 +675,11 @@ func TestARedisHashLostInFlightIsNeverRunAgain(t *testing.T) {
 	go func() { done <- post(srv, key, `{}`) }()
 	<-h.started
 	loseRedisHash(t, b, key)
+	meanwhile()
 	close(h.block)
-	first := <-done
-	require.Equal(t, http.StatusCreated, first.Code)
-
-	// WHEN its client, which never saw the answer, retries
+	answer := <-done
 	h.started = nil
-	retry := post(srv, key, `{}`)
-
-	// THEN the retry is the archived outcome, and the handler ran once
-	requireResponseLost(t, retry)
-	require.EqualValues(t, 1, h.calls.Load(), "the completed request ran again")
+	return srv, h, key, answer
 }
 
 // scripted is a handler whose n-th call (from 1) waits for gates[n], when

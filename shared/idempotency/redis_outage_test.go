@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -105,5 +106,44 @@ CREATE TRIGGER blip_once BEFORE INSERT ON idempotency_key_archive FOR EACH ROW E
 	// AND a retry after the hash is gone is answered from the archive
 	require.NoError(t, client.Del(ctx, prefix+"idem:v1:blip").Err())
 	require.Equal(t, http.StatusConflict, post(srv, "blip", `{}`).Code)
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
+// A Redis hash lost while its request runs (a failover to a replica that
+// never got it), and an archive that refuses the row through every
+// completion attempt: the outcome is written back into Redis, completed
+// and without expiry, so that a retry replays it instead of running the
+// charge again; the next completion that can archive it gives it back its
+// expiry.
+func TestALostRedisHashWhoseArchiveRowFailsIsKeptCompleted(t *testing.T) {
+	t.Parallel()
+	// GIVEN a request running on the Redis store
+	b := setup(t, rds)
+	ctx := context.Background()
+
+	// WHEN its hash is lost and the archive refuses inserts until it has answered
+	srv, h, key, first := runLosingItsHash(t, b, func() {
+		_, err := b.db.Pool.Exec(ctx, `
+CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'archive unavailable (simulated)'; END $$;
+CREATE TRIGGER outage BEFORE INSERT ON idempotency_key_archive FOR EACH ROW EXECUTE FUNCTION refuse();`)
+		require.NoError(t, err)
+	})
+	require.Equal(t, http.StatusCreated, first.Code, "the charge ran and is answered")
+	_, err := b.db.Pool.Exec(ctx, "DROP TRIGGER outage ON idempotency_key_archive")
+	require.NoError(t, err)
+
+	// THEN its hash is back, completed, without expiry
+	keys, err := b.redis.Keys(ctx, "*"+key).Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 1, "the outcome is kept in Redis")
+	pttl, err := b.redis.PTTL(ctx, keys[0]).Result()
+	require.NoError(t, err)
+	require.Equal(t, time.Duration(-1), pttl, "kept without expiry until archived")
+
+	// AND a retry replays the charge rather than running it again
+	retry := post(srv, key, `{}`)
+	require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
+	require.JSONEq(t, first.Body.String(), retry.Body.String())
 	require.EqualValues(t, 1, h.calls.Load())
 }

@@ -122,6 +122,19 @@ if redis.call('HGET', KEYS[1], 'state') == 'completed' and (redis.call('HGET', K
 end
 return 0`)
 
+	// redisKeepLost writes back, completed and without expiry, the hash of
+	// a request whose hash was lost and whose archive row could not be
+	// written: only while the key is absent, so that another request's
+	// registration made since is never overwritten. ARGV: fp, created,
+	// expires, reg, key, status, body, ct, rid, has_rid.
+	redisKeepLost = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'completed', 'created', ARGV[2], 'expires', ARGV[3], 'reg', ARGV[4], 'key', ARGV[5],
+           'status', ARGV[6], 'body', ARGV[7], 'ct', ARGV[8], 'rid', ARGV[9], 'has_rid', ARGV[10])
+return 1`)
+
 	redisRelease = redis.NewScript(`
 if redis.call('HGET', KEYS[1], 'state') == 'in_flight' and redis.call('HGET', KEYS[1], 'fp') == ARGV[1]
    and (redis.call('HGET', KEYS[1], 'reg') or '') == ARGV[2] then
@@ -242,6 +255,14 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 			}
 		}
 		return ErrNotInFlight
+	case len(h) == 0 && archiveErr != nil && len(c.Token) > 0:
+		// This request's hash was lost and its outcome could not be
+		// archived: were nothing kept, a retry would find neither and run
+		// the operation again. Keep it in Redis, completed and without
+		// expiry, as when the archive fails with the hash there: the next
+		// attempt archives it and gives it back its expiry, or
+		// redis-reconcile does.
+		return s.keepLost(ctx, key, c, archiveErr)
 	case len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) || h["reg"] != string(c.Token):
 		// Not this request's entry: it was lost, and maybe another request
 		// registered the key since. The operation ran all the same.
@@ -303,6 +324,27 @@ const redisReserve = 2 * time.Second
 // milliseconds.
 func (s *Redis) remaining(expires time.Time) int64 {
 	return max(time.Second, expires.Sub(s.now())).Milliseconds()
+}
+
+// keepLost writes the lost hash of this request back, completed and without
+// expiry (redisKeepLost), after its archive row failed (archiveErr). When
+// another request registered the key meanwhile, it keeps nothing: that
+// registration looked the key up in the archive, found nothing, and runs
+// the operation; nothing this request can write changes that.
+func (s *Redis) keepLost(ctx context.Context, key string, c idempotency.Completion, archiveErr error) error {
+	rid, hasRID := "", "0"
+	if c.ResourceID != nil {
+		rid, hasRID = *c.ResourceID, "1"
+	}
+	kept, err := redisKeepLost.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.CreatedAt.UnixMilli(), c.ExpiresAt.UnixMilli(),
+		c.Token, key, c.Status, c.Body, c.ContentType, rid, hasRID).Int()
+	switch {
+	case err != nil:
+		return fmt.Errorf("archive idempotency key at completion, its Redis entry lost: %w; keep it in Redis: %w", archiveErr, err)
+	case kept == 0:
+		return completeLost(c, archiveErr)
+	}
+	return fmt.Errorf("archive idempotency key at completion (its Redis entry was lost; it is kept in Redis, completed, without expiry until archived): %w", archiveErr)
 }
 
 // completeLost answers the completion of a request whose hash is gone
