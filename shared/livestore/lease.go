@@ -3,9 +3,11 @@ package livestore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemarchive/idemarchive/shared/database"
@@ -55,7 +57,9 @@ type leases struct {
 	// clock is the writer's own clock, recorded with each lease; nil for a
 	// writer whose registrations the database's clock bounds. Also the
 	// wall clock renewals are timed by (time.Now when nil).
-	clock   func() time.Time
+	clock func() time.Time
+	// timeout bounds a renewal's statement (see record): registerTimeout.
+	timeout time.Duration
 	mu      sync.Mutex
 	renewed map[lease]renewal
 }
@@ -65,7 +69,7 @@ type leases struct {
 type renewal struct{ local, wall time.Time }
 
 func newLeases(pool *pgxpool.Pool) *leases {
-	return &leases{pool: pool, renewed: map[lease]renewal{}}
+	return &leases{pool: pool, timeout: registerTimeout, renewed: map[lease]renewal{}}
 }
 
 func (ls *leases) wallNow() time.Time {
@@ -96,7 +100,7 @@ func (ls *leases) renew(ctx context.Context, l lease, force bool) error {
 	if ls.clock != nil {
 		own = &start.wall
 	}
-	if _, err := ls.pool.Exec(ctx, pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds(), own); err != nil {
+	if err := ls.record(ctx, l, own); err != nil {
 		hint := ""
 		switch database.SQLState(err) {
 		case "42P01":
@@ -110,6 +114,34 @@ func (ls *leases) renew(ctx context.Context, l lease, force bool) error {
 	ls.renewed[l] = start
 	ls.mu.Unlock()
 	return nil
+}
+
+// leaseSettingsSQL sets the statement timeout of a renewal ($1, as
+// '<n>ms'), local to its implicit transaction.
+const leaseSettingsSQL = "SELECT set_config('statement_timeout', $1, true)"
+
+// record runs pgLeaseSQL bounded as a registration is (ls.timeout, which is
+// registerTimeout, or less when ctx's deadline comes sooner, and
+// registerGrace more for the server's answer): a renewal waits for a lock on idempotency_writers (a
+// migration altering it, an operator's transaction) no longer than the
+// registration it precedes would, and holds its pool connection no longer.
+// A renewal cut short is safe either way: one that commits after its caller
+// gave up records more use than happened, never less.
+func (ls *leases) record(ctx context.Context, l lease, own *time.Time) error {
+	timeout := ls.timeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline))
+	}
+	if timeout < time.Millisecond {
+		// Never '0ms': PostgreSQL reads it as no timeout at all.
+		return context.DeadlineExceeded
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout+registerGrace)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue(leaseSettingsSQL, strconv.FormatInt(timeout.Milliseconds(), 10)+"ms")
+	b.Queue(pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds(), own)
+	return ls.pool.SendBatch(ctx, b).Close()
 }
 
 // durationMS rounds d up to whole milliseconds, so a recorded TTL or skew is
