@@ -404,6 +404,47 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// ParseKey returns the client key an Idempotency-Key header value carries,
+// or why it is refused. The IETF draft defines the header as a Structured
+// Field String (RFC 8941): "8e03978e-40d5-43e8-bc93-6894a57f9324", quotes
+// included, '\' escaping '"' and '\'. Most clients send the key bare. A value
+// that begins with '"' is read as a String and stands for its content, so
+// that both forms of one key are the same key: a retry sent by a client,
+// SDK or proxy that writes the other form is answered as a retry, never run
+// as a new request, and a quoted ULID or UUIDv7 keeps its timestamp. A
+// value that begins with '"' but is not a valid String is refused rather
+// than taken as a bare key, which its retries in the valid form would not
+// match. The content is then held to ValidateKey, as a bare key is.
+func ParseKey(header string) (string, error) {
+	if !strings.HasPrefix(header, `"`) {
+		return header, ValidateKey(header)
+	}
+	if len(header) < 2 || !strings.HasSuffix(header, `"`) {
+		return "", errors.New(`the Idempotency-Key begins with '"' but is not a quoted string: end it with '"'`)
+	}
+	var b strings.Builder
+	inner := header[1 : len(header)-1]
+	for i := 0; i < len(inner); i++ {
+		c := inner[i]
+		switch {
+		case c == '\\':
+			if i+1 == len(inner) || (inner[i+1] != '"' && inner[i+1] != '\\') {
+				return "", errors.New(`the quoted Idempotency-Key has a '\' that escapes neither '"' nor '\'`)
+			}
+			i++
+			b.WriteByte(inner[i])
+		case c == '"':
+			return "", errors.New(`the quoted Idempotency-Key has an unescaped '"' inside it`)
+		case c < 0x20 || c > 0x7e:
+			return "", errors.New("a quoted Idempotency-Key holds only printable ASCII characters")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	key := b.String()
+	return key, ValidateKey(key)
+}
+
 // Fingerprint is SHA-256 over method, "\n", target, "\n", body, where
 // target is RequestTarget of the request.
 func Fingerprint(method, target string, body []byte) []byte {
@@ -442,8 +483,8 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			m.problem(w, r, http.StatusBadRequest, "idempotency_key_invalid", "send exactly one Idempotency-Key header", nil)
 			return
 		}
-		key := values[0]
-		if err := ValidateKey(key); err != nil {
+		key, err := ParseKey(values[0])
+		if err != nil {
 			m.problem(w, r, http.StatusBadRequest, "idempotency_key_invalid", err.Error(), nil)
 			return
 		}

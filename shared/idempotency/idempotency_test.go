@@ -28,6 +28,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/livestore"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/schema"
@@ -193,6 +194,55 @@ func TestKeyValidation(t *testing.T) {
 	require.Equal(t, 400, w.Code, "an empty key")
 	require.Equal(t, 201, post(required, strings.Repeat("k", 255), `{}`).Code, "255 bytes is fine")
 	require.Equal(t, 201, post(required, "a key: with/odd %chars", `{}`).Code)
+
+	// A quoted key (the draft's Structured Field String) is refused when
+	// it is not a valid String, or when its content would be as a bare key
+	for name, key := range map[string]string{
+		"unterminated":      `"abc`,
+		"lone quote":        `"`,
+		"empty string":      `""`,
+		"inner quote":       `"ab"c"`,
+		"bad escape":        `"ab\c"`,
+		"trailing escape":   `"abc\"`,
+		"non-ASCII":         `"clé"`,
+		"content too long":  `"` + strings.Repeat("k", 256) + `"`,
+		"quote, then more":  `"abc"def`,
+		"control in string": "\"ab\x7fc\"",
+	} {
+		w := post(required, key, `{}`)
+		require.Equal(t, 400, w.Code, name)
+		require.Equal(t, "idempotency_key_invalid", problemOf(t, w)["code"], name)
+	}
+	require.Equal(t, 201, post(required, `"`+strings.Repeat("q", 255)+`"`, `{}`).Code, "255 bytes of content is fine")
+	calls := h.calls.Load()
+	require.Equal(t, 201, post(required, `"with \"escapes\" \\ and spaces"`, `{}`).Code)
+	require.Equal(t, 201, post(required, `with "escapes" \ and spaces`, `{}`).Code)
+	require.Equal(t, calls+1, h.calls.Load(), "the bare form of an escaped quoted key is a retry of it")
+}
+
+// The draft's header is a Structured Field String: a key sent quoted is the
+// same key as its bare form, on either store. A retry in the other form is
+// answered as a retry, and a quoted UUIDv7 keeps the timestamp that spares
+// a fresh key its archive lookup.
+func TestAQuotedKeyIsTheSameKeyAsItsBareForm(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b bundle) {
+		h := &charges{}
+		arch := &countingArchive{inner: b.reader}
+		srv := b.middleware(t, idempotency.Config{Archive: arch, ClockSkew: keytime.DefaultClockSkew}).Wrap(h)
+		k := mintKey(uuidv7Key, time.Now())
+		first := post(srv, `"`+k+`"`, `{}`)
+		require.Equal(t, 201, first.Code, first.Body.String())
+		if _, ok := b.store.(*livestore.Redis); !ok { // the Redis store looks every key up
+			require.Zero(t, arch.calls.Load(), "a quoted fresh UUIDv7 key is not looked up in the archive")
+		}
+		replay := post(srv, k, `{}`)
+		require.Equal(t, 201, replay.Code)
+		require.JSONEq(t, first.Body.String(), replay.Body.String())
+		require.EqualValues(t, 1, h.calls.Load(), "the bare form is a retry of the quoted one")
+		require.JSONEq(t, first.Body.String(), post(srv, `"`+k+`"`, `{}`).Body.String())
+		require.EqualValues(t, 1, h.calls.Load())
+	})
 }
 
 func TestInFlightServerErrorsAndPanicsRelease(t *testing.T) {
