@@ -548,3 +548,42 @@ func TestALiveEntryExpiresByTheDatabasesClock(t *testing.T) {
 	require.Equal(t, "idempotency_key_expired", problemOf(t, late)["code"])
 	require.EqualValues(t, 2, h.calls.Load(), "each request ran once")
 }
+
+// Hosts sharing a Redis store answer a key in flight by the Redis server's
+// clock, not their own: a host whose clock runs 2 h ahead answers a request
+// one second into its hour, still running on another host, 409 in flight,
+// not "expired, never completed" (which a client may take for "never ran"
+// and charge again under a new key); once the server has ended the window,
+// a host whose clock runs 2 h behind answers it expired.
+func TestHostsSharingARedisStoreAgreeOnWhetherAWindowEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	slow := &charges{block: make(chan struct{}), started: make(chan struct{}, 1)}
+	host := func(offset time.Duration) http.Handler {
+		return b.middleware(t, idempotency.Config{LiveTTL: time.Hour, Now: func() time.Time { return time.Now().Add(offset) }}).Wrap(slow)
+	}
+	hostA, ahead, behind := host(0), host(2*time.Hour), host(-2*time.Hour)
+	key := mintKey(plainKey, time.Now())
+	done := make(chan int)
+	go func() { done <- post(hostA, key, `{}`).Code }()
+	<-slow.started
+	defer func() {
+		close(slow.block)
+		require.Equal(t, http.StatusCreated, <-done)
+	}()
+
+	w := post(ahead, key, `{}`)
+	require.Equal(t, http.StatusConflict, w.Code)
+	require.Equal(t, "idempotency_key_in_flight", problemOf(t, w)["code"], "a host 2 h ahead, 1 s into a 1 h window")
+
+	keys, err := b.redis.Keys(context.Background(), "*"+key).Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	require.NoError(t, b.redis.PExpire(context.Background(), keys[0], 10*time.Minute).Err()) // the window ended 5 min ago, on the server
+	w = post(behind, key, `{}`)
+	require.Equal(t, http.StatusConflict, w.Code)
+	p := problemOf(t, w)
+	require.Equal(t, "idempotency_key_expired", p["code"], "a host 2 h behind, after the server ended the window")
+	require.EqualValues(t, 0, p["original_status"])
+	require.EqualValues(t, 1, slow.calls.Load())
+}

@@ -93,7 +93,10 @@ func NewRedis(client *redis.Client, archivePool *pgxpool.Pool, prefix string) *R
 var (
 	redisRegister = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.call('HGETALL', KEYS[1])
+  local h = redis.call('HGETALL', KEYS[1])
+  table.insert(h, 'pttl')
+  table.insert(h, tostring(redis.call('PTTL', KEYS[1])))
+  return h
 end
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'in_flight', 'created', ARGV[2], 'expires', ARGV[3], 'reg', ARGV[5], 'key', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
@@ -161,13 +164,24 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	if _, ahead := keytime.Ahead(req.Key, now, req.ClockSkew); ahead {
 		// Not stored under this writer's skew. A writer that allows more
 		// may have stored it: its entry is the answer.
-		h, err := s.client.HGetAll(ctx, s.prefix+req.Key).Result()
+		var hget *redis.MapStringStringCmd
+		var pttl *redis.DurationCmd
+		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			hget, pttl = p.HGetAll(ctx, s.prefix+req.Key), p.PTTL(ctx, s.prefix+req.Key)
+			return nil
+		})
 		if err != nil {
 			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 		}
+		h := hget.Val()
 		if len(h) == 0 {
 			return idempotency.Registration{Ahead: true}, nil
 		}
+		ms := int64(pttl.Val()) // go-redis keeps -1 (no expiry) and -2 (gone) as they are
+		if ms >= 0 {
+			ms = pttl.Val().Milliseconds()
+		}
+		h["pttl"] = strconv.FormatInt(ms, 10)
 		return idempotency.Registration{Entry: entryFromHash(h)}, nil
 	}
 	created, expires := now.UnixMilli(), now.Add(req.TTL).UnixMilli()
@@ -196,6 +210,36 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	return idempotency.Registration{Entry: entryFromHash(h)}, nil
 }
 
+// windowEnded is the Redis server's verdict on whether a hash's window has
+// ended, from its PTTL in milliseconds (h["pttl"], as Register reads it
+// with the hash), or nil where it gives none. Every host's clock but the
+// server's is left out: an in-flight hash expires inFlightGrace after its
+// window (PEXPIRE at registration, counted by the server), so its window
+// has ended once no more than inFlightGrace is left; a completed one
+// expires with its window, so while it lasts its window has not ended. A
+// completed hash kept without expiry (PTTL -1, its archive row not written
+// yet) says nothing: the middleware's clock decides, as for a hash read
+// without its PTTL. Were each host's clock to decide, a host whose clock
+// runs ahead would answer a request still running on another host 409
+// expired, never completed, which a client may take for "never ran" and
+// charge again under a new key.
+func windowEnded(h map[string]string) *bool {
+	pttl, err := strconv.ParseInt(h["pttl"], 10, 64)
+	if err != nil || pttl == -1 {
+		return nil
+	}
+	var ended bool
+	switch h["state"] {
+	case "in_flight":
+		ended = pttl <= inFlightGrace.Milliseconds() // -2 (gone since) too
+	case "completed":
+		ended = pttl < 0
+	default:
+		return nil
+	}
+	return &ended
+}
+
 func entryFromHash(h map[string]string) idempotency.Entry {
 	e := idempotency.Entry{Fingerprint: []byte(h["fp"]), ContentType: h["ct"]}
 	if h["state"] == "completed" {
@@ -210,6 +254,7 @@ func entryFromHash(h map[string]string) idempotency.Entry {
 	created, _ := strconv.ParseInt(h["created"], 10, 64)
 	expires, _ := strconv.ParseInt(h["expires"], 10, 64)
 	e.CreatedAt, e.ExpiresAt = time.UnixMilli(created).UTC(), time.UnixMilli(expires).UTC()
+	e.WindowEnded = windowEnded(h)
 	return e
 }
 

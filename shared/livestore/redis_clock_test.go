@@ -123,3 +123,53 @@ func TestRedisLeaseRenewsByTheWallClock(t *testing.T) {
 	require.True(t, after.local.After(before.local), "a wall clock that stepped back renews the lease")
 	require.Equal(t, renewed, usedUntil(t, db, time.Minute))
 }
+
+// Whether a hash's window has ended is the Redis server's verdict (its
+// PTTL), not the reading host's clock: a host whose clock runs hours ahead
+// sees a request still running on another host in flight, and one whose
+// clock runs behind sees a window the server has ended as ended. Both
+// register paths say so: the script's, and the read of a key minted ahead
+// of the reading host's clock.
+func TestTheRedisServerDecidesWhetherAWindowEnded(t *testing.T) {
+	t.Parallel()
+	s, _ := newRedisStore(t)
+	ctx := context.Background()
+	key := "idem:v1:" + dbtest.ULID(time.Now().Add(30*time.Minute), "")
+	req := idempotency.Registering{Key: key, Fingerprint: dbtest.Fingerprint("a"), Token: []byte("0123456789abcdef"), TTL: time.Hour, ClockSkew: time.Hour}
+	first, err := s.Register(ctx, req)
+	require.NoError(t, err)
+	require.True(t, first.Fresh)
+
+	ahead := NewRedis(s.client, s.archive, s.prefix)
+	ahead.now = func() time.Time { return time.Now().Add(3 * time.Hour) }
+	behind := NewRedis(s.client, s.archive, s.prefix)
+	behind.now = func() time.Time { return time.Now().Add(-3 * time.Hour) }
+	verdict := func(st *Redis, skew time.Duration) *bool {
+		r := req
+		r.ClockSkew = skew // a minute: the key is ahead of the slow host's clock
+		reg, err := st.Register(ctx, r)
+		require.NoError(t, err)
+		require.False(t, reg.Fresh)
+		require.Equal(t, idempotency.InFlight, reg.Entry.State)
+		return reg.Entry.WindowEnded
+	}
+	// WHEN the window has an hour left on the server
+	// THEN neither host's clock ends it
+	for name, got := range map[string]*bool{"ahead": verdict(ahead, time.Hour), "behind (key ahead of it)": verdict(behind, time.Minute)} {
+		require.NotNil(t, got, name)
+		require.False(t, *got, name)
+	}
+
+	// WHEN the server has ended it (no more than the in-flight grace left)
+	require.NoError(t, s.client.PExpire(ctx, s.prefix+key, inFlightGrace-time.Minute).Err())
+	// THEN both hosts see it ended
+	for name, got := range map[string]*bool{"ahead": verdict(ahead, time.Hour), "behind (key ahead of it)": verdict(behind, time.Minute)} {
+		require.NotNil(t, got, name)
+		require.True(t, *got, name)
+	}
+
+	// AND a hash kept without expiry gives no verdict: the host's clock decides
+	require.NoError(t, s.client.Persist(ctx, s.prefix+key).Err())
+	require.Nil(t, verdict(ahead, time.Hour))
+	require.Nil(t, verdict(behind, time.Minute))
+}
