@@ -350,6 +350,14 @@ func New(cfg Config) (*Middleware, error) {
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, time.Second)
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, 1<<20)
 	cfg.ResourceIDPath = cmp.Or(cfg.ResourceIDPath, "id")
+	switch {
+	case cfg.ArchiveTimeout < 0:
+		return nil, fmt.Errorf("idempotency: archive timeout must not be negative, got %s", cfg.ArchiveTimeout)
+	case cfg.RetryAfter < 0:
+		return nil, fmt.Errorf("idempotency: Retry-After must not be negative, got %s", cfg.RetryAfter)
+	case cfg.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("idempotency: max body bytes must not be negative, got %d", cfg.MaxBodyBytes)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -757,6 +765,13 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 	case e.State == InFlight:
 		m.retryAfter(w)
 		m.problem(w, r, http.StatusConflict, "idempotency_key_in_flight", "a request with this key is still being processed", nil)
+	case e.Status < 100 || e.Status > 599:
+		// A completed entry no writer of this package leaves (it keeps a
+		// status outside 100-599 as 500): written by hand, or damaged. It
+		// cannot be replayed (net/http panics on a status below 100), and
+		// the request must not run again.
+		m.cfg.Logger.ErrorContext(r.Context(), "idempotency: completed live entry has no valid status", "key", scoped, "status", e.Status)
+		m.problem(w, r, http.StatusInternalServerError, "idempotency_record_invalid", "this key completed, but its recorded answer cannot be replayed", nil)
 	default:
 		if e.ContentType != "" {
 			w.Header().Set("Content-Type", e.ContentType)

@@ -859,3 +859,40 @@ func TestThePostgresStoreWorksUnderAnyDateStyle(t *testing.T) {
 		})
 	}
 }
+
+// Negative durations and sizes are refused when the middleware is built,
+// not discovered as a 503 on every lookup or a 413 on every body.
+func TestNegativeSettingsAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	for name, cfg := range map[string]idempotency.Config{
+		"archive timeout": {ArchiveTimeout: -time.Second},
+		"retry after":     {RetryAfter: -time.Second},
+		"max body bytes":  {MaxBodyBytes: -1},
+	} {
+		cfg.Store, cfg.SingleTenant = b.store, true
+		_, err := idempotency.New(cfg)
+		require.ErrorContains(t, err, "must not be negative", name)
+	}
+}
+
+// A completed Redis hash whose status no writer of this package leaves
+// (written by hand, or damaged) is answered with a 500 problem, neither
+// replayed (net/http panics on a status below 100) nor run again.
+func TestACompletedEntryWithoutAValidStatusIsNeverRunAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rds)
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+	require.Equal(t, http.StatusCreated, post(srv, "damaged", `{}`).Code)
+	keys, err := b.redis.Keys(context.Background(), "*damaged").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	for _, status := range []string{"0", "", "99", "600", "1000", "-201"} {
+		require.NoError(t, b.redis.HSet(context.Background(), keys[0], "status", status).Err())
+		w := post(srv, "damaged", `{}`)
+		require.Equal(t, http.StatusInternalServerError, w.Code, "status %q", status)
+		require.Equal(t, "idempotency_record_invalid", problemOf(t, w)["code"], "status %q", status)
+	}
+	require.EqualValues(t, 1, h.calls.Load())
+}
