@@ -263,6 +263,11 @@ type Result struct {
 	// DroppedIndexes lists the invalid indexes interrupted rebuilds had left
 	// (<pk>_ccnew, <pk>_ccold), dropped before compacting.
 	DroppedIndexes []string `json:"dropped_indexes,omitempty"`
+	// Adopted lists partitions attached by something other than the
+	// manager (an ATTACH PARTITION by hand), whose bounds the run marked
+	// pending (when they had rows) so that lookups read their rows until
+	// they are recorded; in a dry run, those it would adopt.
+	Adopted []string `json:"adopted,omitempty"`
 	// PlainKeys is what the run did to keep idempotency_archive_plain_keys
 	// complete and small (package plainkeys); nil in a dry run.
 	PlainKeys  *PlainKeys `json:"plain_keys,omitempty"`
@@ -439,6 +444,17 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 			}
 		}
 		res.record(s)
+	}
+	if tbl.adopts {
+		adopted, err := m.adopt(ctx, conn.Conn(), dryRun)
+		res.Adopted = adopted
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, err
+			}
+			res.Failed = append(res.Failed, Failure{Action: "adopt", Error: err.Error()})
+			errs = append(errs, fmt.Errorf("%w: %w", ErrIncomplete, err))
+		}
 	}
 	if !dryRun {
 		pk, err := maintainPlainKeys(ctx, conn.Conn(), plainkeys.Limits{LockTimeout: m.cfg.LockTimeout}, m.cfg.StatementTimeout)
@@ -791,6 +807,44 @@ func reattachStep(tbl table, p Partition) step {
 	return s
 }
 
+// adoptSQL adopts the partitions that something other than the partition
+// manager attached (migration 012); unadoptedSQL lists them, for a dry run.
+const (
+	adoptSQL     = "SELECT name FROM idempotency_archive_adopt_partitions() AS adopted (name)"
+	unadoptedSQL = `
+SELECT c.relname
+  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent = to_regclass('idempotency_key_archive') AND NOT i.inhdetachpending
+   AND NOT EXISTS (SELECT 1 FROM idempotency_archive_recorded_partitions r WHERE r.partition = c.oid)
+ ORDER BY c.relname`
+)
+
+// adopt marks the bounds of every partition attached by something other
+// than the manager (an owner's ATTACH PARTITION of a month restored from a
+// dump) pending, when it has rows, and records it as covered: its rows no
+// trigger saw are then read in full by lookups until maintainPlainKeys has
+// recorded them, as the rows of a month the manager attached are. It
+// returns the partitions adopted (in a dry run, those it would adopt).
+func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, dryRun bool) ([]string, error) {
+	sql := adoptSQL
+	if dryRun {
+		sql = unadoptedSQL
+	}
+	var adopted []string
+	err := database.InTx(ctx, conn, database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout), func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sql)
+		if err != nil {
+			return err
+		}
+		adopted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("adopt partitions attached by hand: %w", err)
+	}
+	return adopted, nil
+}
+
 // PlainKeys is what a run did to idempotency_archive_plain_keys.
 type PlainKeys struct {
 	// Scanned and Recorded count the archive rows of pending ranges read
@@ -827,14 +881,22 @@ func maintainPlainKeys(ctx context.Context, conn *pgx.Conn, l plainkeys.Limits, 
 // attachStatements attaches the table named p.Name with p's bounds. A table
 // attached with rows in it gets a pending range of
 // idempotency_archive_plain_keys for its bounds, in the same transaction:
-// the archive's trigger never saw its rows (see migration 006).
+// the archive's trigger never saw its rows (see migration 006). The same
+// transaction records the partition as covered by the records (migration
+// 012), so that idempotency_archive_adopt_partitions leaves it alone.
 func attachStatements(tbl table, p Partition) []string {
 	part := tbl.sibling(p.Name)
-	owner := fmt.Sprintf("ALTER TABLE %s OWNER TO %s", part, pgx.Identifier{tbl.owner}.Sanitize())
+	// Keep every partition with the archive's owner, so that whoever may
+	// manage the archive may later detach and drop it.
+	after := []string{fmt.Sprintf("ALTER TABLE %s OWNER TO %s", part, pgx.Identifier{tbl.owner}.Sanitize())}
+	if tbl.adopts {
+		after = append(after, fmt.Sprintf("INSERT INTO %s (partition) VALUES ('%s'::regclass) ON CONFLICT (partition) DO NOTHING",
+			tbl.sibling("idempotency_archive_recorded_partitions"), strings.ReplaceAll(part, "'", "''")))
+	}
 	if !p.readable() {
 		// PostgreSQL's own text of the bound, as it printed it.
-		return []string{fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s %s", tbl.qualified(), part, p.Bound),
-			pendingStatement(tbl, part, "MINVALUE", "MAXVALUE"), owner}
+		return append([]string{fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s %s", tbl.qualified(), part, p.Bound),
+			pendingStatement(tbl, part, "MINVALUE", "MAXVALUE")}, after...)
 	}
 	var conds []string
 	lo, hi := "MINVALUE", "MAXVALUE"
@@ -847,17 +909,14 @@ func attachStatements(tbl table, p Partition) []string {
 		conds = append(conds, "expired_at < "+hi)
 	}
 	check := pgx.Identifier{p.Name + "_bounds"}.Sanitize()
-	return []string{
+	return append([]string{
 		// The CHECK constraint lets ATTACH skip scanning the table; on a table
 		// with rows, it is where a row outside the month is found.
 		fmt.Sprintf("ALTER TABLE %s ADD CONSTRAINT %s CHECK (%s)", part, check, strings.Join(append([]string{"expired_at IS NOT NULL"}, conds...), " AND ")),
 		fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)", tbl.qualified(), part, lo, hi),
 		fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT %s", part, check),
 		pendingStatement(tbl, part, lo, hi),
-		// Keep every partition with the archive's owner, so that whoever may
-		// manage the archive may later detach and drop it.
-		owner,
-	}
+	}, after...)
 }
 
 // pendingStatement marks [lo, hi) pending in idempotency_archive_plain_keys
@@ -981,6 +1040,9 @@ type table struct {
 	oid    uint32
 	schema string
 	owner  string
+	// adopts: the schema has migration 012's record of the partitions the
+	// plain-key records cover, and its function that adopts the others.
+	adopts bool
 }
 
 func (t table) qualified() string { return pgx.Identifier{t.schema, ArchiveTable}.Sanitize() }
@@ -988,13 +1050,15 @@ func (t table) qualified() string { return pgx.Identifier{t.schema, ArchiveTable
 func (t table) sibling(name string) string { return pgx.Identifier{t.schema, name}.Sanitize() }
 
 const tableSQL = `
-SELECT c.oid, n.nspname, pg_get_userbyid(c.relowner)
+SELECT c.oid, n.nspname, pg_get_userbyid(c.relowner),
+       to_regclass(quote_ident(n.nspname) || '.idempotency_archive_recorded_partitions') IS NOT NULL
+       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_partitions()') IS NOT NULL
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.oid = to_regclass('idempotency_key_archive')`
 
 func lookupTable(ctx context.Context, conn *pgx.Conn) (table, error) {
 	var t table
-	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner)
+	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, errors.New("table idempotency_key_archive not found on the search_path: run `archivectl migrate` first")
 	}

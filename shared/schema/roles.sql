@@ -36,7 +36,7 @@ BEGIN
          WHERE c.relowner <> 'idempotency_owner'::regrole
            AND (c.relname IN ('idempotency_keys', 'idempotency_key_archive', 'idempotency_writers',
                               'idempotency_archive_plain_keys', 'idempotency_archive_plain_keys_pending',
-                              'idempotency_archive_late_keys_pending')
+                              'idempotency_archive_late_keys_pending', 'idempotency_archive_recorded_partitions')
                 OR c.oid IN (SELECT inhrelid FROM pg_inherits
                               WHERE inhparent = format('%I.idempotency_key_archive', current_schema())::regclass))
            AND c.relkind IN ('r', 'p')
@@ -50,7 +50,8 @@ BEGIN
          WHERE p.proname IN ('idempotency_record_unbounded_writer', 'idempotency_index_plain_keys',
                              'idempotency_key_has_time', 'idempotency_key_hash', 'idempotency_key_prompt_span',
                              'idempotency_key_time_bound', 'idempotency_key_late_bound', 'idempotency_key_time_before',
-                             'idempotency_key_expiry_hour', 'idempotency_copy_pending_range')
+                             'idempotency_key_expiry_hour', 'idempotency_copy_pending_range',
+                             'idempotency_archive_adopt_partitions')
            AND p.proowner <> 'idempotency_owner'::regrole
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);
@@ -63,7 +64,7 @@ BEGIN
     -- so it gets UPDATE on the single column expires_at; it never issues UPDATE.
     EXECUTE format('REVOKE ALL ON TABLE %1$I.idempotency_keys, %1$I.idempotency_key_archive, %1$I.idempotency_writers, '
                    '%1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending, '
-                   '%1$I.idempotency_archive_late_keys_pending '
+                   '%1$I.idempotency_archive_late_keys_pending, %1$I.idempotency_archive_recorded_partitions '
                    'FROM idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
     EXECUTE format('GRANT SELECT, DELETE ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
     EXECUTE format('GRANT UPDATE (expires_at) ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());

@@ -111,6 +111,11 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		{schema.WriterRole, "DROP TRIGGER idempotency_keys_unbounded_writer ON idempotency_keys"},
 		{schema.WriterRole, "SELECT * FROM idempotency_key_archive"},
 		{schema.WriterRole, "INSERT INTO idempotency_key_archive VALUES ('k', '\\x00', 201, NULL, now(), now())"},
+		// Only the owner says which partitions the plain-key records cover.
+		{schema.SweeperRole, "INSERT INTO idempotency_archive_recorded_partitions VALUES (1)"},
+		{schema.WriterRole, "DELETE FROM idempotency_archive_recorded_partitions"},
+		{schema.ReaderRole, "SELECT idempotency_archive_adopt_partitions()"},
+		{schema.SweeperRole, "SELECT idempotency_archive_adopt_partitions()"},
 	} {
 		pool := map[string]*pgxpool.Pool{schema.ReaderRole: reader, schema.SweeperRole: sweeper, schema.WriterRole: writer}[tc.role]
 		_, err := pool.Exec(ctx, tc.sql)
@@ -199,14 +204,7 @@ func TestUpgradeKeepsPlainKeysArchivedBeforeReachable(t *testing.T) {
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"), "a fresh archive has nothing pending")
 
 	conn, url := upgradedSchema(t, db)
-	_, err := schema.MigrateTo(ctx, conn, logger, 5)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `
-		CREATE TABLE idempotency_key_archive_2026_11 PARTITION OF idempotency_key_archive
-		   FOR VALUES FROM ('2026-11-01 00:00:00+00') TO ('2026-12-01 00:00:00+00');
-		INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
-		VALUES ('idem:v1:before', '\x00', 201, '2026-11-01 10:00:00+00', '2026-11-02 10:00:00+00')`)
-	require.NoError(t, err)
+	archiveOneRowAt(t, conn, 5)
 
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
@@ -363,6 +361,22 @@ func archiveBefore010(t *testing.T, db *dbtest.DB) (*pgx.Conn, string) {
 // upgradedSchema creates an empty schema beside db's, dropped at the end of
 // the test, for migrations from an older version, and returns a connection
 // to it and its connection string.
+// archiveOneRowAt migrates conn's schema to version, then archives one row
+// (idem:v1:before, expired in November 2026) in a partition made without
+// the partition manager, as a database awaiting an upgrade may hold.
+func archiveOneRowAt(t *testing.T, conn *pgx.Conn, version int32) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := schema.MigrateTo(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)), version)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `
+		CREATE TABLE idempotency_key_archive_2026_11 PARTITION OF idempotency_key_archive
+		   FOR VALUES FROM ('2026-11-01 00:00:00+00') TO ('2026-12-01 00:00:00+00');
+		INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:before', '\x00', 201, '2026-11-01 10:00:00+00', '2026-11-02 10:00:00+00')`)
+	require.NoError(t, err)
+}
+
 func upgradedSchema(t *testing.T, db *dbtest.DB) (*pgx.Conn, string) {
 	t.Helper()
 	ctx := context.Background()
@@ -377,4 +391,39 @@ func upgradedSchema(t *testing.T, db *dbtest.DB) (*pgx.Conn, string) {
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn, url
+}
+
+// Upgrading to migration 12 takes the partitions attached at that moment as
+// covered by the records (the manager attached them), so that the first
+// partitions run after the upgrade marks nothing pending; a table attached
+// by hand after the upgrade is not.
+func TestUpgradeTakesTheAttachedPartitionsAsRecorded(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	conn, _ := upgradedSchema(t, db)
+	archiveOneRowAt(t, conn, 11)
+
+	_, err := schema.Migrate(ctx, conn, logger)
+	require.NoError(t, err)
+	var recorded bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM idempotency_archive_recorded_partitions
+		WHERE partition = 'idempotency_key_archive_2026_11'::regclass)`).Scan(&recorded))
+	require.True(t, recorded)
+
+	_, err = conn.Exec(ctx, `
+		CREATE TABLE idempotency_key_archive_2026_10 (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		ALTER TABLE idempotency_key_archive ATTACH PARTITION idempotency_key_archive_2026_10
+		   FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00')`)
+	require.NoError(t, err)
+	var adopted []string
+	rows, err := conn.Query(ctx, "SELECT * FROM idempotency_archive_adopt_partitions()")
+	require.NoError(t, err)
+	adopted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"idempotency_key_archive_2026_10"}, adopted)
+	var pending int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys_pending").Scan(&pending))
+	require.Zero(t, pending, "an empty table attached by hand leaves nothing to record")
 }

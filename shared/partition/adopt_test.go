@@ -1,0 +1,147 @@
+package partition_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/partition"
+)
+
+// A month restored from a dump and attached by hand (ALTER TABLE ...
+// ATTACH PARTITION by the owner) holds rows no trigger recorded: a key
+// without a timestamp, and a timestamped key used months after its
+// timestamp. The next partitions run adopts the table (marks its bounds
+// pending and records its rows), so that lookups find both; it adopts
+// nothing the manager attached itself, and a dry run only names it.
+func TestAMonthAttachedByHandIsAdoptedByTheNextRun(t *testing.T) {
+	t.Parallel()
+	// GIVEN an archive the manager made, and November 2025 restored by hand
+	db := dbtest.New(t)
+	ctx := context.Background()
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
+	res, err := m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Empty(t, res.Adopted, "the manager's own months are covered")
+	late := "idem:v1:" + dbtest.ULID(time.Date(2025, 1, 10, 0, 0, 0, 0, time.UTC), "")
+	_, err = db.Pool.Exec(ctx, `CREATE TABLE idempotency_key_archive_2025_11 (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO idempotency_key_archive_2025_11 (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:restored-by-hand', '\x00', 201, 'ch_plain', '2025-11-01 10:00:00+00', '2025-11-02 10:00:00+00'),
+		       ($1, '\x00', 201, 'ch_late', '2025-11-03 10:00:00+00', '2025-11-04 10:00:00+00')`, late)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `ALTER TABLE idempotency_key_archive ATTACH PARTITION idempotency_key_archive_2025_11
+		FOR VALUES FROM ('2025-11-01 00:00:00+00') TO ('2025-12-01 00:00:00+00')`)
+	require.NoError(t, err)
+
+	// WHEN a dry run looks
+	dry, err := m.Run(ctx, true)
+	require.NoError(t, err)
+	// THEN it names the table and changes nothing
+	require.Equal(t, []string{"idempotency_key_archive_2025_11"}, dry.Adopted)
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+
+	// WHEN the manager runs
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+
+	// THEN it adopts the table and records its rows
+	require.Equal(t, []string{"idempotency_key_archive_2025_11"}, res.Adopted)
+	require.NotNil(t, res.PlainKeys)
+	require.EqualValues(t, 2, res.PlainKeys.Scanned)
+	require.Zero(t, res.PlainKeys.RangesLeft)
+	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	for key, rid := range map[string]string{"idem:v1:restored-by-hand": "ch_plain", late: "ch_late"} {
+		rec, err := r.Lookup(ctx, key, nil)
+		require.NoError(t, err, key)
+		require.Equal(t, rid, *rec.ResourceID, key)
+	}
+
+	// AND the next run adopts nothing
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Empty(t, res.Adopted)
+}
+
+// Until the run has recorded an adopted table's rows, its range stays
+// pending and lookups read it in full: a run whose recording is cut short
+// still leaves the rows found. A DEFAULT partition attached by hand is
+// adopted with every expiry pending.
+func TestAnAdoptedTableIsReadInFullUntilItsRowsAreRecorded(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	_, err := newManager(t, db.Pool, partition.Config{Now: at(decNow)}).Run(ctx, false)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `
+		CREATE TABLE hand_default (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		INSERT INTO hand_default (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:in-the-default', '\x00', 201, 'ch_default', '2024-02-01 10:00:00+00', '2024-02-02 10:00:00+00');
+		ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_default DEFAULT`)
+	require.NoError(t, err)
+
+	// WHEN a run adopts it but has no time to record anything (its
+	// deadline closer than the 30 s the recording leaves before it)
+	short, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	res, err := newManager(t, db.Pool, partition.Config{Now: at(decNow)}).Run(short, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"hand_default"}, res.Adopted)
+	require.NotNil(t, res.PlainKeys)
+	require.Zero(t, res.PlainKeys.Scanned)
+	require.Positive(t, res.PlainKeys.RangesLeft)
+
+	// THEN every expiry is pending, and the lookup finds the row
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool,
+		"SELECT count(*) FROM idempotency_archive_plain_keys_pending WHERE expired_from = '-infinity' AND expired_to = 'infinity'"))
+	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	rec, err := r.Lookup(ctx, "idem:v1:in-the-default", nil)
+	require.NoError(t, err)
+	require.Equal(t, "ch_default", *rec.ResourceID)
+}
+
+// A table detached by hand and attached again by hand, after a run saw it
+// detached, is another attachment the records may not cover (the run may
+// have pruned them meanwhile): the run after it adopts it again.
+func TestATableAttachedAgainByHandIsAdoptedAgain(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
+	_, err := m.Run(ctx, false)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `
+		CREATE TABLE hand_range (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		INSERT INTO hand_range (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:again', '\x00', 201, '2024-02-01 10:00:00+00', '2024-02-02 10:00:00+00');
+		ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_range FOR VALUES FROM ('2024-02-01 00:00:00+00') TO ('2024-03-01 00:00:00+00')`)
+	require.NoError(t, err)
+	res, err := m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"hand_range"}, res.Adopted)
+
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION hand_range")
+	require.NoError(t, err)
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Empty(t, res.Adopted)
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_recorded_partitions WHERE partition = 'hand_range'::regclass"),
+		"a table no longer attached is forgotten")
+
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_range FOR VALUES FROM ('2024-02-01 00:00:00+00') TO ('2024-03-01 00:00:00+00')")
+	require.NoError(t, err)
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"hand_range"}, res.Adopted)
+	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	_, err = r.Lookup(ctx, "idem:v1:again", nil)
+	require.NoError(t, err)
+}
