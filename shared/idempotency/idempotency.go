@@ -670,7 +670,7 @@ func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []by
 			return
 		}
 		select {
-		case <-time.After(completeBackoff << (attempt - 1)):
+		case <-time.After(time.Duration(attempt) * completeBackoff):
 		case <-cctx.Done():
 			return
 		}
@@ -678,15 +678,16 @@ func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []by
 }
 
 // completeBudget and completeAttempts bound the recording of an outcome;
-// the attempts wait completeBackoff, then twice, then four times as long
-// before them (1, 2 and 4 s), so that they span most of the budget: an
-// outage of a few seconds (a failover, a lock held by a migration) still
-// ends before the last attempt, where attempts 200 ms apart all failed
-// within about a second.
+// the attempts wait completeBackoff, then twice and three times as long
+// before them (0.2, 0.4 and 0.6 s). The answer waits for them (it is sent
+// once its outcome is recorded, or given up on), so they are kept short:
+// an outcome that is not recorded never runs again (a Postgres row stays in
+// flight and is archived so; a Redis store keeps its hash without expiry),
+// while a client that gives up waiting retries into 409 in flight.
 const (
 	completeBudget   = 10 * time.Second
 	completeAttempts = 4
-	completeBackoff  = time.Second
+	completeBackoff  = 200 * time.Millisecond
 )
 
 func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (archive.Record, error) {
