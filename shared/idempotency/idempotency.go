@@ -289,6 +289,16 @@ type Config struct {
 	// Required makes a request without a key a 400. Default false: such a
 	// request passes through untouched.
 	Required bool
+	// UnquoteKeys reads a header value that begins with '"' as the IETF
+	// draft's Structured Field String (ParseKey): "k" and k are then one
+	// key, and a quoted ULID or UUIDv7 keeps its timestamp. Default false:
+	// the key is the header value as written, quotes included, as in
+	// releases before this setting. Turn it on for a new archive, or only
+	// once no key a client sent quoted can still be retried: a key archived
+	// as written ("k", quotes and all) is another key than k, and a late
+	// retry of it would run again. For the same reason, never turn it off
+	// once on.
+	UnquoteKeys bool
 	// Tenant returns the authenticated caller's tenant (an account id from
 	// the verified credentials, never a header the client chooses freely).
 	// Keys are scoped to it, so one caller can never replay, block or learn
@@ -413,16 +423,17 @@ func ValidateKey(key string) error {
 }
 
 // ParseKey returns the client key an Idempotency-Key header value carries,
-// or why it is refused. The IETF draft defines the header as a Structured
-// Field String (RFC 8941): "8e03978e-40d5-43e8-bc93-6894a57f9324", quotes
-// included, '\' escaping '"' and '\'. Most clients send the key bare. A value
-// that begins with '"' is read as a String and stands for its content, so
-// that both forms of one key are the same key: a retry sent by a client,
-// SDK or proxy that writes the other form is answered as a retry, never run
-// as a new request, and a quoted ULID or UUIDv7 keeps its timestamp. A
-// value that begins with '"' but is not a valid String is refused rather
-// than taken as a bare key, which its retries in the valid form would not
-// match. The content is then held to ValidateKey, as a bare key is.
+// or why it is refused, when Config.UnquoteKeys is on. The IETF draft
+// defines the header as a Structured Field String (RFC 8941):
+// "8e03978e-40d5-43e8-bc93-6894a57f9324", quotes included, '\' escaping '"'
+// and '\'. Most clients send the key bare. A value that begins with '"' is
+// read as a String and stands for its content, so that both forms of one
+// key are the same key: a retry sent by a client, SDK or proxy that writes
+// the other form is answered as a retry, never run as a new request, and a
+// quoted ULID or UUIDv7 keeps its timestamp. A value that begins with '"'
+// but is not a valid String is refused rather than taken as a bare key,
+// which its retries in the valid form would not match. The content is then
+// held to ValidateKey, as a bare key is.
 func ParseKey(header string) (string, error) {
 	if !strings.HasPrefix(header, `"`) {
 		return header, ValidateKey(header)
@@ -491,7 +502,12 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			m.problem(w, r, http.StatusBadRequest, "idempotency_key_invalid", "send exactly one Idempotency-Key header", nil)
 			return
 		}
-		key, err := ParseKey(values[0])
+		key, err := values[0], error(nil)
+		if m.cfg.UnquoteKeys {
+			key, err = ParseKey(key)
+		} else {
+			err = ValidateKey(key)
+		}
 		if err != nil {
 			m.problem(w, r, http.StatusBadRequest, "idempotency_key_invalid", err.Error(), nil)
 			return

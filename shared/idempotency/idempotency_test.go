@@ -195,8 +195,19 @@ func TestKeyValidation(t *testing.T) {
 	require.Equal(t, 201, post(required, strings.Repeat("k", 255), `{}`).Code, "255 bytes is fine")
 	require.Equal(t, 201, post(required, "a key: with/odd %chars", `{}`).Code)
 
-	// A quoted key (the draft's Structured Field String) is refused when
-	// it is not a valid String, or when its content would be as a bare key
+	// By default a key is the header value as written, quotes and all, as
+	// in releases before UnquoteKeys: "k" and k are two keys, and a value
+	// that is not a valid quoted string is a key like any other
+	calls := h.calls.Load()
+	for _, key := range []string{`"as-written"`, `as-written`, `"unterminated`, `"inner"quote"`} {
+		require.Equal(t, 201, post(required, key, `{}`).Code, key)
+	}
+	require.Equal(t, calls+4, h.calls.Load(), "four keys, each run once")
+
+	// With UnquoteKeys, a quoted key (the draft's Structured Field String)
+	// is refused when it is not a valid String, or when its content would
+	// be as a bare key
+	required = b.middleware(t, idempotency.Config{Required: true, UnquoteKeys: true}).Wrap(h)
 	for name, key := range map[string]string{
 		"unterminated":      `"abc`,
 		"lone quote":        `"`,
@@ -214,22 +225,22 @@ func TestKeyValidation(t *testing.T) {
 		require.Equal(t, "idempotency_key_invalid", problemOf(t, w)["code"], name)
 	}
 	require.Equal(t, 201, post(required, `"`+strings.Repeat("q", 255)+`"`, `{}`).Code, "255 bytes of content is fine")
-	calls := h.calls.Load()
+	calls = h.calls.Load()
 	require.Equal(t, 201, post(required, `"with \"escapes\" \\ and spaces"`, `{}`).Code)
 	require.Equal(t, 201, post(required, `with "escapes" \ and spaces`, `{}`).Code)
 	require.Equal(t, calls+1, h.calls.Load(), "the bare form of an escaped quoted key is a retry of it")
 }
 
-// The draft's header is a Structured Field String: a key sent quoted is the
-// same key as its bare form, on either store. A retry in the other form is
-// answered as a retry, and a quoted UUIDv7 keeps the timestamp that spares
-// a fresh key its archive lookup.
+// The draft's header is a Structured Field String: with UnquoteKeys, a key
+// sent quoted is the same key as its bare form, on either store. A retry in
+// the other form is answered as a retry, and a quoted UUIDv7 keeps the
+// timestamp that spares a fresh key its archive lookup.
 func TestAQuotedKeyIsTheSameKeyAsItsBareForm(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, b bundle) {
 		h := &charges{}
 		arch := &countingArchive{inner: b.reader}
-		srv := b.middleware(t, idempotency.Config{Archive: arch, ClockSkew: keytime.DefaultClockSkew}).Wrap(h)
+		srv := b.middleware(t, idempotency.Config{Archive: arch, ClockSkew: keytime.DefaultClockSkew, UnquoteKeys: true}).Wrap(h)
 		k := mintKey(uuidv7Key, time.Now())
 		first := post(srv, `"`+k+`"`, `{}`)
 		require.Equal(t, 201, first.Code, first.Body.String())
