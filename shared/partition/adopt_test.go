@@ -2,6 +2,7 @@ package partition_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,6 +106,66 @@ func TestAnAdoptedTableIsReadInFullUntilItsRowsAreRecorded(t *testing.T) {
 	rec, err := r.Lookup(ctx, "idem:v1:in-the-default", nil)
 	require.NoError(t, err)
 	require.Equal(t, "ch_default", *rec.ResourceID)
+}
+
+// Rows written into a partition directly (a statement that names it: an
+// owner's INSERT, a COPY of pg_restore --data-only -t, an UPDATE) fire none
+// of the archive's statement triggers, only the partition's own, which the
+// manager gives every table it attaches (migration 012): they are recorded
+// at once, with no partitions run, and so are rows loaded into a month while
+// it was detached by hand and attached again.
+func TestRowsWrittenIntoAPartitionDirectlyAreRecorded(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	_, err := newManager(t, db.Pool, partition.Config{Now: at(decNow)}).Run(ctx, false)
+	require.NoError(t, err)
+	late := "idem:v1:" + dbtest.ULID(time.Date(2025, 1, 10, 0, 0, 0, 0, time.UTC), "")
+
+	// WHEN rows are inserted, copied and updated into a month by name
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO idempotency_key_archive_2026_11 (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:inserted-into-the-month', '\x00', 201, 'ch_insert', '2026-11-01 10:00:00+00', '2026-11-02 10:00:00+00'),
+		       ('idem:v1:to-be-renamed', '\x00', 201, 'ch_update', '2026-11-01 10:00:00+00', '2026-11-02 10:00:00+00'),
+		       ($1, '\x00', 201, 'ch_late', '2026-11-01 10:00:00+00', '2026-11-02 10:00:00+00')`, late)
+	require.NoError(t, err)
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	_, err = conn.Conn().PgConn().CopyFrom(ctx, strings.NewReader("idem:v1:copied-into-the-month\t\\\\x00\t201\tch_copy\t2026-11-03 10:00:00+00\t2026-11-04 10:00:00+00\n"),
+		"COPY idempotency_key_archive_2026_11 (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at) FROM STDIN")
+	conn.Release()
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `UPDATE idempotency_key_archive_2026_11 SET scoped_key = 'idem:v1:renamed' WHERE scoped_key = 'idem:v1:to-be-renamed'`)
+	require.NoError(t, err)
+
+	// AND a month is detached, loaded and attached again by hand
+	_, err = db.Pool.Exec(ctx, `ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2027_01`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO idempotency_key_archive_2027_01 (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:loaded-while-detached', '\x00', 201, 'ch_detached', '2027-01-01 10:00:00+00', '2027-01-02 10:00:00+00')`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `ALTER TABLE idempotency_key_archive ATTACH PARTITION idempotency_key_archive_2027_01
+		FOR VALUES FROM ('2027-01-01 00:00:00+00') TO ('2027-02-01 00:00:00+00')`)
+	require.NoError(t, err)
+
+	// THEN, with no partitions run and nothing pending, lookups find them all
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	for key, rid := range map[string]string{
+		"idem:v1:inserted-into-the-month": "ch_insert", "idem:v1:copied-into-the-month": "ch_copy",
+		"idem:v1:renamed": "ch_update", late: "ch_late", "idem:v1:loaded-while-detached": "ch_detached",
+	} {
+		rec, err := r.Lookup(ctx, key, nil)
+		require.NoError(t, err, key)
+		require.Equal(t, rid, *rec.ResourceID, key)
+	}
+
+	// AND a row written through the archive is recorded once, as before
+	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:through-the-archive", Status: 201, ExpiredAt: time.Date(2026, 11, 5, 0, 0, 0, 0, time.UTC)})
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool,
+		"SELECT count(*) FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash('idem:v1:through-the-archive')"))
 }
 
 // A table detached by hand and attached again by hand, after a run saw it

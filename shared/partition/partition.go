@@ -889,9 +889,15 @@ func attachStatements(tbl table, p Partition) []string {
 	// Keep every partition with the archive's owner, so that whoever may
 	// manage the archive may later detach and drop it.
 	after := []string{fmt.Sprintf("ALTER TABLE %s OWNER TO %s", part, pgx.Identifier{tbl.owner}.Sanitize())}
+	partClass := "'" + strings.ReplaceAll(part, "'", "''") + "'::regclass"
+	if tbl.triggers {
+		// Rows written into the partition directly (it names a statement)
+		// are recorded by its own triggers (migration 012).
+		after = append(after, fmt.Sprintf("SELECT %s(%s)", tbl.sibling("idempotency_archive_partition_triggers"), partClass))
+	}
 	if tbl.adopts {
-		after = append(after, fmt.Sprintf("INSERT INTO %s (partition) VALUES ('%s'::regclass) ON CONFLICT (partition) DO NOTHING",
-			tbl.sibling("idempotency_archive_recorded_partitions"), strings.ReplaceAll(part, "'", "''")))
+		after = append(after, fmt.Sprintf("INSERT INTO %s (partition) VALUES (%s) ON CONFLICT (partition) DO NOTHING",
+			tbl.sibling("idempotency_archive_recorded_partitions"), partClass))
 	}
 	if !p.readable() {
 		// PostgreSQL's own text of the bound, as it printed it.
@@ -1043,6 +1049,9 @@ type table struct {
 	// adopts: the schema has migration 012's record of the partitions the
 	// plain-key records cover, and its function that adopts the others.
 	adopts bool
+	// triggers: the schema has migration 012's function that gives a
+	// partition the archive's recording triggers.
+	triggers bool
 }
 
 func (t table) qualified() string { return pgx.Identifier{t.schema, ArchiveTable}.Sanitize() }
@@ -1052,13 +1061,14 @@ func (t table) sibling(name string) string { return pgx.Identifier{t.schema, nam
 const tableSQL = `
 SELECT c.oid, n.nspname, pg_get_userbyid(c.relowner),
        to_regclass(quote_ident(n.nspname) || '.idempotency_archive_recorded_partitions') IS NOT NULL
-       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_partitions()') IS NOT NULL
+       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_partitions()') IS NOT NULL,
+       to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_triggers(regclass)') IS NOT NULL
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.oid = to_regclass('idempotency_key_archive')`
 
 func lookupTable(ctx context.Context, conn *pgx.Conn) (table, error) {
 	var t table
-	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts)
+	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts, &t.triggers)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, errors.New("table idempotency_key_archive not found on the search_path: run `archivectl migrate` first")
 	}

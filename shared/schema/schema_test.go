@@ -2,6 +2,7 @@ package schema_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -426,4 +427,39 @@ func TestUpgradeTakesTheAttachedPartitionsAsRecorded(t *testing.T) {
 	var pending int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys_pending").Scan(&pending))
 	require.Zero(t, pending, "an empty table attached by hand leaves nothing to record")
+}
+
+// Upgrading to migration 12 gives every partition attached at that moment
+// the archive's recording triggers, so that rows written into it directly
+// from then on are recorded; a partition of another schema gets none.
+func TestUpgradeGivesEveryPartitionTheRecordingTriggers(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	conn, _ := upgradedSchema(t, db)
+	archiveOneRowAt(t, conn, 11)
+	_, err := conn.Exec(ctx, fmt.Sprintf(`CREATE TABLE public.%s (LIKE idempotency_key_archive);
+		ALTER TABLE idempotency_key_archive ATTACH PARTITION public.%[1]s FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00')`,
+		pgx.Identifier{db.Schema + "_elsewhere"}.Sanitize()))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), "DROP TABLE IF EXISTS public."+pgx.Identifier{db.Schema + "_elsewhere"}.Sanitize())
+	})
+
+	_, err = schema.Migrate(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	var triggers int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'idempotency_key_archive_2026_11'::regclass
+		AND tgname IN ('idempotency_key_archive_plain_keys', 'idempotency_key_archive_plain_keys_update')`).Scan(&triggers))
+	require.Equal(t, 2, triggers)
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`,
+		"public."+pgx.Identifier{db.Schema + "_elsewhere"}.Sanitize()).Scan(&triggers))
+	require.Zero(t, triggers, "a partition of another schema has no tables beside it to record into")
+
+	_, err = conn.Exec(ctx, `INSERT INTO idempotency_key_archive_2026_11 (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:direct', '\x00', 201, '2026-11-01 10:00:00+00', '2026-11-03 10:00:00+00')`)
+	require.NoError(t, err)
+	var recorded int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash('idem:v1:direct')").Scan(&recorded))
+	require.Equal(t, 1, recorded)
 }
