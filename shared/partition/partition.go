@@ -410,6 +410,10 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	backlog, err := ExpiredLiveMonths(ctx, conn.Conn())
+	if err != nil {
+		return res, err
+	}
 	var deflt *Partition
 	for i, p := range parts {
 		if problem := p.Foreign(); problem != "" {
@@ -420,7 +424,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		}
 	}
 
-	pl := m.plan(tbl, parts, orphans, now, retireNow)
+	pl := m.plan(tbl, parts, orphans, now, retireNow, backlog)
 	var errs []error
 	for _, r := range pl.refused {
 		res.Refused = append(res.Refused, r)
@@ -595,9 +599,10 @@ func (m *Manager) EnsureMonth(ctx context.Context, t time.Time) ([]string, error
 
 // plan decides the DDL of a run. Only retireStep writes a DROP or a DETACH
 // that is not followed by an ATTACH.
-// plan decides the steps of a run: months are created around createNow and
-// retired by retireNow (see Config.Now).
-func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow, retireNow time.Time) planned {
+// plan decides the steps of a run: months are created around createNow,
+// and for every month of the expired live backlog (backlog), and retired by
+// retireNow (see Config.Now).
+func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow, retireNow time.Time, backlog []time.Time) planned {
 	var pl planned
 	current := MonthStart(retireNow)
 	now := retireNow
@@ -685,6 +690,18 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 			}
 		}
 	}
+	// Every month of the expired live backlog, however old (a live table
+	// restored from a backup, a sweeper stopped for months): without its
+	// partition no batch can move the rows, and with SWEEP_MISSING_PARTITION
+	// =fail (or a sweeper that may not create one) the sweep stops on its
+	// oldest row until a partition run creates it. A month outside the
+	// retention is created too, and retired by a later run once its rows
+	// were swept: those keys are then as old as the retention forgets.
+	for _, month := range backlog {
+		if !slices.Contains(wanted, month) {
+			wanted = append(wanted, month)
+		}
+	}
 	for _, month := range wanted {
 		if handled[month] {
 			continue
@@ -701,6 +718,9 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 	for _, p := range parts {
 		if p.DetachPending || !p.readable() || !expired(p.To) {
 			continue
+		}
+		if slices.Contains(backlog, p.From) {
+			continue // expired live rows wait for it: retired once they are swept
 		}
 		if deflt != nil {
 			// PostgreSQL refuses DETACH ... CONCURRENTLY beside a DEFAULT
@@ -843,6 +863,53 @@ func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, dryRun bool) ([]str
 		return nil, fmt.Errorf("adopt partitions attached by hand: %w", err)
 	}
 	return adopted, nil
+}
+
+// backlogMonthsSQL lists every UTC month the expired backlog a sweep batch
+// can claim falls in (the conditions of package sweep's batch.sql), with one probe of the expiry index
+// per month. Not only the months of the oldest rows: a batch skips rows
+// other sweepers or completions hold locked, so the rows it failed on can lie
+// in any month of the backlog. A month holding only rows no batch claims
+// needs no partition.
+const backlogMonthsSQL = `
+WITH RECURSIVE months (m) AS (
+    SELECT date_trunc('month', min(expires_at) AT TIME ZONE 'UTC')
+      FROM idempotency_keys
+     WHERE expires_at < now() AND expires_at >= '0001-01-01 00:00:00+00'
+       AND octet_length(scoped_key) <= 2000
+    UNION ALL
+    SELECT (SELECT date_trunc('month', min(k.expires_at) AT TIME ZONE 'UTC')
+              FROM idempotency_keys k
+             WHERE k.expires_at >= (months.m + interval '1 month') AT TIME ZONE 'UTC'
+               AND k.expires_at < now() AND octet_length(k.scoped_key) <= 2000)
+      FROM months
+     WHERE months.m IS NOT NULL
+)
+-- As microseconds since 1970 (m is a UTC timestamp without time zone): a
+-- number reads the same in every exec mode, where a timestamp read as text
+-- (the exec and simple_protocol modes) parses only under DateStyle ISO.
+SELECT (extract(epoch FROM m) * 1000000)::int8 FROM months WHERE m IS NOT NULL`
+
+// ExpiredLiveMonths returns the UTC months (their first instants) of the
+// expired live rows a sweep batch can claim: the months the archive needs
+// partitions for before those rows can be swept.
+func ExpiredLiveMonths(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) ([]time.Time, error) {
+	rows, err := db.Query(ctx, backlogMonthsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("list months of expired live rows: %w", err)
+	}
+	micros, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("list months of expired live rows: %w", err)
+	}
+	months := make([]time.Time, len(micros))
+	for i, us := range micros {
+		m := time.UnixMicro(us).UTC()
+		months[i] = time.Date(m.Year(), m.Month(), 1, 0, 0, 0, 0, time.UTC)
+	}
+	return months, nil
 }
 
 // PlainKeys is what a run did to idempotency_archive_plain_keys.

@@ -104,31 +104,6 @@ SELECT count(*) FROM (
         OR ($2 AND expires_at < now() AND octet_length(scoped_key) > 2000)
      LIMIT $1) s`
 
-// backlogMonthsSQL lists every UTC month the expired backlog a batch can
-// claim falls in (batch.sql's conditions), with one probe of the expiry index
-// per month. Not only the months of the oldest rows: a batch skips rows
-// other sweepers or completions hold locked, so the rows it failed on can lie
-// in any month of the backlog. A month holding only rows no batch claims
-// needs no partition.
-const backlogMonthsSQL = `
-WITH RECURSIVE months (m) AS (
-    SELECT date_trunc('month', min(expires_at) AT TIME ZONE 'UTC')
-      FROM idempotency_keys
-     WHERE expires_at < now() AND expires_at >= '0001-01-01 00:00:00+00'
-       AND octet_length(scoped_key) <= 2000
-    UNION ALL
-    SELECT (SELECT date_trunc('month', min(k.expires_at) AT TIME ZONE 'UTC')
-              FROM idempotency_keys k
-             WHERE k.expires_at >= (months.m + interval '1 month') AT TIME ZONE 'UTC'
-               AND k.expires_at < now() AND octet_length(k.scoped_key) <= 2000)
-      FROM months
-     WHERE months.m IS NOT NULL
-)
--- As microseconds since 1970 (m is a UTC timestamp without time zone): a
--- number reads the same in every exec mode, where a timestamp read as text
--- (the exec and simple_protocol modes) parses only under DateStyle ISO.
-SELECT (extract(epoch FROM m) * 1000000)::int8 FROM months WHERE m IS NOT NULL`
-
 // DefaultInFlightGrace is SWEEP_IN_FLIGHT_GRACE's default: as long as the
 // Redis store keeps an in-flight hash past its window.
 const DefaultInFlightGrace = 15 * time.Minute
@@ -673,17 +648,9 @@ func isNoPartition(err error) bool {
 // uncoveredMonths returns the UTC months of the expired backlog that no
 // archive partition covers.
 func (s *Sweeper) uncoveredMonths(ctx context.Context) ([]time.Time, error) {
-	rows, err := s.pool.Query(ctx, backlogMonthsSQL)
+	months, err := partition.ExpiredLiveMonths(ctx, s.pool)
 	if err != nil {
-		return nil, fmt.Errorf("list months of expired rows: %w", err)
-	}
-	micros, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("list months of expired rows: %w", err)
-	}
-	months := make([]time.Time, len(micros))
-	for i, us := range micros {
-		months[i] = time.UnixMicro(us).UTC()
+		return nil, err
 	}
 	parts, err := partition.List(ctx, s.pool)
 	if err != nil {
@@ -711,6 +678,16 @@ func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitio
 	}
 	if s.cfg.FailOnMissingPartition || s.partitions == nil {
 		return nil, missing
+	}
+	// Creating a month waits for the partition manager's advisory lock,
+	// which a partition run can hold for minutes (a DETACH or REINDEX
+	// CONCURRENTLY waiting for old snapshots): it ends where batches stop
+	// starting, DeadlineMargin before the invocation's deadline, so that the
+	// run still reports what stopped it rather than be killed.
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-s.cfg.DeadlineMargin))
+		defer cancel()
 	}
 	var created []string
 	for _, m := range missing.Months {

@@ -988,3 +988,92 @@ func TestAKeyInFlightIsArchivedAQuarterHourAfterItsExpiry(t *testing.T) {
 		require.Equal(t, "InFlightGrace", ce.Field)
 	}
 }
+
+// Creating a missing month waits for the partition manager's advisory lock,
+// which a partition run can hold for minutes: the wait ends DeadlineMargin
+// before the invocation's deadline, where batches stop starting, so that the
+// run reports the month and why rather than ride into a Lambda's timeout.
+func TestCreatingAMissingMonthStopsAtTheDeadlineMargin(t *testing.T) {
+	t.Parallel()
+	// GIVEN an expired row of a month without a partition, and a partition
+	// run holding the advisory lock
+	db := dbtest.New(t)
+	ctx := context.Background()
+	parts := db.Partition(t, 0)
+	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: "idem:v1:ancient", Status: 201, ExpiresAt: time.Date(2020, 3, 15, 12, 0, 0, 0, time.UTC)})
+	holder, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('idempotency_key_archive partitions ' || current_schema(), 0))`)
+	require.NoError(t, err)
+	defer func() { _, _ = holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`) }()
+
+	// WHEN a sweep with 4 s left and a 2 s margin runs
+	const left, margin = 4 * time.Second, 2 * time.Second
+	s, err := sweep.New(db.Pool, sweep.Config{StatementTimeout: time.Second, DeadlineMargin: margin}, parts, nil)
+	require.NoError(t, err)
+	rctx, cancel := context.WithTimeout(ctx, left)
+	defer cancel()
+	start := time.Now()
+	_, err = s.Run(rctx)
+
+	// THEN it stops at the margin, naming the month and the lock
+	require.Less(t, time.Since(start), left-margin/2, "the wait rode past the deadline margin")
+	var missing *sweep.MissingPartitionError
+	require.ErrorAs(t, err, &missing)
+	require.ErrorContains(t, err, "2020-03")
+	require.ErrorContains(t, err, "advisory lock")
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"), "the row stays live")
+}
+
+// With SWEEP_MISSING_PARTITION=fail (as the CDK stack deploys it), an
+// expired live row older than the months a partition run keeps ready (a
+// live table restored from a backup, a sweeper stopped for months) stops
+// the sweep on its month, and the remedy the error names works: the
+// partition run creates every month the expired backlog needs, however
+// old, even outside the retention, which it then keeps until the rows are
+// swept and retires after.
+func TestTheRemedyOfAFailingMissingPartitionHeals(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	manager := func(retention int) *partition.Manager {
+		m, err := partition.NewManager(db.Pool, partition.Config{RetentionMonths: retention}, nil)
+		require.NoError(t, err)
+		return m
+	}
+	_, err := manager(0).Run(ctx, false)
+	require.NoError(t, err)
+	threeBack := partition.MonthStart(time.Now()).AddDate(0, -3, 10)
+	yearsBack := partition.MonthStart(time.Now()).AddDate(-3, 0, 10)
+	dbtest.InsertLive(t, db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:restored-from-backup", Status: 201, ExpiresAt: threeBack},
+		dbtest.LiveRow{Key: "idem:v1:years-old", Status: 201, ExpiresAt: yearsBack},
+		dbtest.LiveRow{Key: "idem:v1:recent", Status: 201, ExpiresAt: time.Now().Add(-time.Minute)},
+	)
+	s, err := sweep.New(db.Pool, sweep.Config{FailOnMissingPartition: true, Pause: 0}, nil, nil)
+	require.NoError(t, err)
+	_, err = s.Run(ctx)
+	require.ErrorContains(t, err, "run `archivectl partitions` as the archive owner")
+	require.ErrorContains(t, err, yearsBack.Format("2006-01"))
+
+	// WHEN the operator does what the error says (a retention of 12 months)
+	res, err := manager(12).Run(ctx, false)
+	require.NoError(t, err)
+	require.Contains(t, res.Created, partition.Name(threeBack))
+	require.Contains(t, res.Created, partition.Name(yearsBack))
+	res, err = manager(12).Run(ctx, false)
+	require.NoError(t, err)
+	require.Empty(t, res.Retired, "its rows still wait in the live table")
+
+	// THEN the sweep moves every row
+	swept, err := s.Run(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, swept.Moved)
+
+	// AND the month outside the retention is retired by the next run, not
+	// before its rows were swept
+	res, err = manager(12).Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{partition.Name(yearsBack)}, res.Retired)
+}
