@@ -206,3 +206,56 @@ func TestATableAttachedAgainByHandIsAdoptedAgain(t *testing.T) {
 	_, err = r.Lookup(ctx, "idem:v1:again", nil)
 	require.NoError(t, err)
 }
+
+// Adoption takes a partition's SHARE ROW EXCLUSIVE lock without waiting:
+// while a writer of the month holds it busy, archive inserts into it go on
+// (none queues behind a waiting lock request, as a sweep batch or a Redis
+// store's completion would, and fails on its lock_timeout), the run leaves
+// the month for later, and the next run adopts it.
+func TestAdoptionNeverQueuesArchiveInsertsBehindItsLock(t *testing.T) {
+	t.Parallel()
+	// GIVEN a month attached by hand, and a transaction writing into it
+	db := dbtest.New(t)
+	ctx := context.Background()
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
+	_, err := m.Run(ctx, false)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `CREATE TABLE hand_month (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_month FOR VALUES FROM ('2024-05-01 00:00:00+00') TO ('2024-06-01 00:00:00+00')`)
+	require.NoError(t, err)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:in-progress', '\x00', 201, '2024-05-01 10:00:00+00', '2024-05-02 10:00:00+00')`)
+	require.NoError(t, err)
+
+	// WHEN a run tries to adopt it, while another insert into the month arrives
+	runDone := make(chan error, 1)
+	var res partition.Result
+	go func() {
+		var err error
+		res, err = m.Run(ctx, false)
+		runDone <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	insert, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = insert.Exec(ctx, "SET LOCAL lock_timeout = '1s'")
+	require.NoError(t, err)
+	_, err = insert.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:sweep-meanwhile', '\x00', 201, '2024-05-03 10:00:00+00', '2024-05-04 10:00:00+00')`)
+	require.NoError(t, err, "an archive insert queued behind the adoption's lock")
+	require.NoError(t, insert.Commit(ctx))
+
+	// THEN the run leaves the busy month for later
+	require.NoError(t, <-runDone)
+	require.Empty(t, res.Adopted)
+
+	// AND the next run, the writer done, adopts it
+	require.NoError(t, tx.Commit(ctx))
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"hand_month"}, res.Adopted)
+}

@@ -111,6 +111,7 @@ DECLARE
     lo       timestamptz;
     hi       timestamptz;
     has_rows boolean;
+    locked   boolean;
 BEGIN
     DELETE FROM idempotency_archive_recorded_partitions r
      WHERE NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = r.partition AND i.inhparent = archive);
@@ -126,8 +127,22 @@ BEGIN
         -- SHARE ROW EXCLUSIVE: every DETACH and ATTACH of it, and every
         -- write into it, waits until the commit, so that the bound read is
         -- the one it keeps and no row lands between the pending mark and the
-        -- triggers (CREATE TRIGGER takes this lock too).
-        EXECUTE format('LOCK TABLE %I.%I IN SHARE ROW EXCLUSIVE MODE', part.nspname, part.relname);
+        -- triggers (CREATE TRIGGER takes this lock too). Taken without
+        -- waiting, every 50 ms for up to 5 s, as the migration below does:
+        -- archive inserts into the month (sweep batches, a Redis store's
+        -- completions) never queue behind a lock request that waits. A
+        -- partition never free for that long is left for the next run.
+        locked := false;
+        FOR attempt IN 1..100 LOOP
+            BEGIN
+                EXECUTE format('LOCK TABLE %I.%I IN SHARE ROW EXCLUSIVE MODE NOWAIT', part.nspname, part.relname);
+                locked := true;
+                EXIT;
+            EXCEPTION WHEN lock_not_available THEN
+                PERFORM pg_sleep(0.05);
+            END;
+        END LOOP;
+        CONTINUE WHEN NOT locked;
         SELECT pg_get_expr(c.relpartbound, c.oid) INTO bound
           FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
          WHERE c.oid = part.oid AND i.inhparent = archive AND NOT i.inhdetachpending;
