@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemarchive/idemarchive/shared/database"
@@ -640,9 +641,16 @@ func (s *Sweeper) batch(ctx context.Context, safe bool) (batchResult, error) {
 	return b, err
 }
 
-// isNoPartition recognizes "no partition of relation ... found for row".
+// isNoPartition recognizes "no partition of relation ... found for row":
+// a check violation that names the archive and no constraint (a CHECK
+// constraint's names its constraint), whatever language the server's
+// lc_messages writes the message in.
 func isNoPartition(err error) bool {
-	return database.SQLState(err) == database.CodeCheckViolation && strings.Contains(err.Error(), "no partition of relation")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != database.CodeCheckViolation || pgErr.ConstraintName != "" {
+		return false
+	}
+	return pgErr.TableName == partition.ArchiveTable || strings.Contains(pgErr.Message, "no partition of relation")
 }
 
 // uncoveredMonths returns the UTC months of the expired backlog that no
