@@ -210,33 +210,26 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	return idempotency.Registration{Entry: entryFromHash(h)}, nil
 }
 
-// windowEnded is the Redis server's verdict on whether a hash's window has
-// ended, from its PTTL in milliseconds (h["pttl"], as Register reads it
-// with the hash), or nil where it gives none. Every host's clock but the
-// server's is left out: an in-flight hash expires inFlightGrace after its
-// window (PEXPIRE at registration, counted by the server), so its window
-// has ended once no more than inFlightGrace is left; a completed one
-// expires with its window, so while it lasts its window has not ended. A
-// completed hash kept without expiry (PTTL -1, its archive row not written
-// yet) says nothing: the middleware's clock decides, as for a hash read
-// without its PTTL. Were each host's clock to decide, a host whose clock
-// runs ahead would answer a request still running on another host 409
-// expired, never completed, which a client may take for "never ran" and
-// charge again under a new key.
+// windowEnded is the Redis server's verdict on whether an in-flight hash's
+// window has ended, from its PTTL in milliseconds (h["pttl"], as Register
+// reads it with the hash), or nil where it gives none. An in-flight hash
+// expires inFlightGrace after its window (PEXPIRE at registration, counted
+// by the server's clock alone), so its window has ended once no more than
+// inFlightGrace is left. Were each host's clock to decide, a host whose
+// clock runs ahead would answer a request still running on another host
+// 409 expired, never completed, which a client may take for "never ran" and
+// charge again under a new key. A completed hash gives no verdict: it
+// lives at least a second past a window that ended before its request
+// completed, so its PTTL cannot say, and a host's clock that errs only
+// answers it 409 expired with its real status, or replays it. Nor does a
+// hash kept without expiry (PTTL -1): the middleware's clock decides, as
+// for a hash read without its PTTL.
 func windowEnded(h map[string]string) *bool {
 	pttl, err := strconv.ParseInt(h["pttl"], 10, 64)
-	if err != nil || pttl == -1 {
+	if err != nil || pttl == -1 || h["state"] != "in_flight" {
 		return nil
 	}
-	var ended bool
-	switch h["state"] {
-	case "in_flight":
-		ended = pttl <= inFlightGrace.Milliseconds() // -2 (gone since) too
-	case "completed":
-		ended = pttl < 0
-	default:
-		return nil
-	}
+	ended := pttl <= inFlightGrace.Milliseconds() // -2 (gone since) too
 	return &ended
 }
 
