@@ -895,13 +895,14 @@ func TestACompletedEntryWithoutAValidStatusIsNeverRunAgain(t *testing.T) {
 	b := setup(t, rds)
 	h := &charges{}
 	srv := b.middleware(t, idempotency.Config{}).Wrap(h)
-	require.Equal(t, http.StatusCreated, post(srv, "damaged", `{}`).Code)
-	keys, err := b.redis.Keys(context.Background(), "*damaged").Result()
+	key := mintKey(plainKey, time.Now())
+	require.Equal(t, http.StatusCreated, post(srv, key, `{}`).Code)
+	keys, err := b.redis.Keys(context.Background(), "*"+key).Result()
 	require.NoError(t, err)
 	require.Len(t, keys, 1)
 	for _, status := range []string{"0", "", "99", "600", "1000", "-201"} {
 		require.NoError(t, b.redis.HSet(context.Background(), keys[0], "status", status).Err())
-		w := post(srv, "damaged", `{}`)
+		w := post(srv, key, `{}`)
 		require.Equal(t, http.StatusInternalServerError, w.Code, "status %q", status)
 		require.Equal(t, "idempotency_record_invalid", problemOf(t, w)["code"], "status %q", status)
 	}
