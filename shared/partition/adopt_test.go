@@ -259,3 +259,19 @@ func TestAdoptionNeverQueuesArchiveInsertsBehindItsLock(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"hand_month"}, res.Adopted)
 }
+
+// A live table the run cannot read costs only the months of the expired
+// backlog: the run still creates, retires and adopts, and reports the
+// failure (exit 2 from the CLI).
+func TestARunThatCannotReadTheLiveTableStillManagesTheMonths(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, "ALTER TABLE idempotency_keys RENAME TO idempotency_keys_elsewhere")
+	require.NoError(t, err)
+	res, err := newManager(t, db.Pool, partition.Config{Now: at(decNow)}).Run(ctx, false)
+	require.ErrorIs(t, err, partition.ErrIncomplete)
+	require.Len(t, res.Created, 5)
+	require.Len(t, res.Failed, 1)
+	require.Contains(t, res.Failed[0].Error, "list months of expired live rows")
+}

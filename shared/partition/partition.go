@@ -410,9 +410,11 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	backlog, err := ExpiredLiveMonths(ctx, conn.Conn())
-	if err != nil {
-		return res, err
+	// A live table that cannot be read (a role without SELECT on it) costs
+	// the backlog's months, not the run.
+	backlog, backlogErr := ExpiredLiveMonths(ctx, conn.Conn())
+	if backlogErr != nil && ctx.Err() != nil {
+		return res, backlogErr
 	}
 	var deflt *Partition
 	for i, p := range parts {
@@ -426,6 +428,10 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 
 	pl := m.plan(tbl, parts, orphans, now, retireNow, backlog)
 	var errs []error
+	if backlogErr != nil {
+		res.Failed = append(res.Failed, Failure{Action: "create", Error: backlogErr.Error()})
+		errs = append(errs, fmt.Errorf("%w: %w", ErrIncomplete, backlogErr))
+	}
 	for _, r := range pl.refused {
 		res.Refused = append(res.Refused, r)
 		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrRetirementRefused, r.Partition, r.Reason))
