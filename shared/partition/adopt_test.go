@@ -13,6 +13,17 @@ import (
 	"github.com/idemarchive/idemarchive/shared/partition"
 )
 
+// managedArchive returns a schema of its own whose months the manager
+// (clock at decNow, returned) has made.
+func managedArchive(t *testing.T) (*dbtest.DB, *partition.Manager) {
+	t.Helper()
+	db := dbtest.New(t)
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
+	_, err := m.Run(context.Background(), false)
+	require.NoError(t, err)
+	return db, m
+}
+
 // A month restored from a dump and attached by hand (ALTER TABLE ...
 // ATTACH PARTITION by the owner) holds rows no trigger recorded: a key
 // without a timestamp, and a timestamped key used months after its
@@ -173,11 +184,9 @@ func TestRowsWrittenIntoAPartitionDirectlyAreRecorded(t *testing.T) {
 // have pruned them meanwhile): the run after it adopts it again.
 func TestATableAttachedAgainByHandIsAdoptedAgain(t *testing.T) {
 	t.Parallel()
-	db := dbtest.New(t)
+	db, m := managedArchive(t)
 	ctx := context.Background()
-	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
-	_, err := m.Run(ctx, false)
-	require.NoError(t, err)
+	var err error
 	_, err = db.Pool.Exec(ctx, `
 		CREATE TABLE hand_range (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 		INSERT INTO hand_range (scoped_key, fingerprint, status_code, created_at, expired_at)
@@ -215,11 +224,9 @@ func TestATableAttachedAgainByHandIsAdoptedAgain(t *testing.T) {
 func TestAdoptionNeverQueuesArchiveInsertsBehindItsLock(t *testing.T) {
 	t.Parallel()
 	// GIVEN a month attached by hand, and a transaction writing into it
-	db := dbtest.New(t)
+	db, m := managedArchive(t)
 	ctx := context.Background()
-	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
-	_, err := m.Run(ctx, false)
-	require.NoError(t, err)
+	var err error
 	_, err = db.Pool.Exec(ctx, `CREATE TABLE hand_month (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`)
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_month FOR VALUES FROM ('2024-05-01 00:00:00+00') TO ('2024-06-01 00:00:00+00')`)
@@ -260,18 +267,30 @@ func TestAdoptionNeverQueuesArchiveInsertsBehindItsLock(t *testing.T) {
 	require.Equal(t, []string{"hand_month"}, res.Adopted)
 }
 
-// A live table the run cannot read costs only the months of the expired
-// backlog: the run still creates, retires and adopts, and reports the
-// failure (exit 2 from the CLI).
+// A live table the run cannot read costs the months of the expired
+// backlog, and this run's retirements (which months its rows still need is
+// unknown): the run still creates and adopts, and reports the failure
+// (exit 2 from the CLI).
 func TestARunThatCannotReadTheLiveTableStillManagesTheMonths(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, "ALTER TABLE idempotency_keys RENAME TO idempotency_keys_elsewhere")
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE idempotency_key_archive_2024_01 PARTITION OF idempotency_key_archive
+		FOR VALUES FROM ('2024-01-01 00:00:00+00') TO ('2024-02-01 00:00:00+00');
+		ALTER TABLE idempotency_keys RENAME TO idempotency_keys_elsewhere`)
 	require.NoError(t, err)
-	res, err := newManager(t, db.Pool, partition.Config{Now: at(decNow)}).Run(ctx, false)
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow), RetentionMonths: 12})
+	res, err := m.Run(ctx, false)
 	require.ErrorIs(t, err, partition.ErrIncomplete)
 	require.Len(t, res.Created, 5)
+	require.Empty(t, res.Retired)
 	require.Len(t, res.Failed, 1)
 	require.Contains(t, res.Failed[0].Error, "list months of expired live rows")
+
+	// AND once it can, the month outside the retention is retired
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_keys_elsewhere RENAME TO idempotency_keys")
+	require.NoError(t, err)
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"idempotency_key_archive_2024_01"}, res.Retired)
 }

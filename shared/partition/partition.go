@@ -427,6 +427,11 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 	}
 
 	pl := m.plan(tbl, parts, orphans, now, retireNow, backlog)
+	if backlogErr != nil {
+		// Which months expired live rows still need is unknown: this run
+		// retires none (a later one will).
+		pl.steps = slices.DeleteFunc(pl.steps, func(s step) bool { return s.kind == "retire" })
+	}
 	var errs []error
 	if backlogErr != nil {
 		res.Failed = append(res.Failed, Failure{Action: "create", Error: backlogErr.Error()})
@@ -456,8 +461,12 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		res.record(s)
 	}
 	if tbl.adopts {
-		adopted, err := m.adopt(ctx, conn.Conn(), dryRun)
+		adopted, failed, err := m.adopt(ctx, conn.Conn(), dryRun)
 		res.Adopted = adopted
+		for _, f := range failed {
+			res.Failed = append(res.Failed, f)
+			errs = append(errs, fmt.Errorf("%w: %s", ErrIncomplete, f.Error))
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return res, err
@@ -703,8 +712,10 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 	// oldest row until a partition run creates it. A month outside the
 	// retention is created too, and retired by a later run once its rows
 	// were swept: those keys are then as old as the retention forgets.
+	// A month a wider partition covers (made by hand) needs none: the
+	// sweeper archives into that one.
 	for _, month := range backlog {
-		if !slices.Contains(wanted, month) {
+		if !slices.Contains(wanted, month) && !Covers(parts, month) {
 			wanted = append(wanted, month)
 		}
 	}
@@ -725,7 +736,7 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 		if p.DetachPending || !p.readable() || !expired(p.To) {
 			continue
 		}
-		if slices.Contains(backlog, p.From) {
+		if slices.ContainsFunc(backlog, func(month time.Time) bool { return !month.Before(p.From) && month.Before(p.To) }) {
 			continue // expired live rows wait for it: retired once they are swept
 		}
 		if deflt != nil {
@@ -833,42 +844,89 @@ func reattachStep(tbl table, p Partition) step {
 	return s
 }
 
-// adoptSQL adopts the partitions that something other than the partition
-// manager attached (migration 012); unadoptedSQL lists them, for a dry run.
+// forgetSQL drops the records of tables no longer partitions of the archive
+// (an OID may be reused by a later table); unadoptedSQL lists the attached
+// partitions not recorded as covered by the plain-key records (migration
+// 012); adoptSQL adopts one of them.
 const (
-	adoptSQL     = "SELECT name FROM idempotency_archive_adopt_partitions() AS adopted (name)"
+	forgetSQL = `
+DELETE FROM idempotency_archive_recorded_partitions r
+ WHERE NOT EXISTS (SELECT 1 FROM pg_inherits i
+                    WHERE i.inhrelid = r.partition AND i.inhparent = to_regclass('idempotency_key_archive'))`
 	unadoptedSQL = `
-SELECT c.relname
+SELECT c.oid, c.relname
   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
  WHERE i.inhparent = to_regclass('idempotency_key_archive') AND NOT i.inhdetachpending
    AND NOT EXISTS (SELECT 1 FROM idempotency_archive_recorded_partitions r WHERE r.partition = c.oid)
  ORDER BY c.relname`
+	adoptSQL = "SELECT idempotency_archive_adopt_partition($1)"
 )
 
 // adopt marks the bounds of every partition attached by something other
 // than the manager (an owner's ATTACH PARTITION of a month restored from a
-// dump) pending, when it has rows, and records it as covered: its rows no
-// trigger saw are then read in full by lookups until maintainPlainKeys has
-// recorded them, as the rows of a month the manager attached are. It
-// returns the partitions adopted (in a dry run, those it would adopt).
-func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, dryRun bool) ([]string, error) {
-	sql := adoptSQL
-	if dryRun {
-		sql = unadoptedSQL
+// dump) pending, when it has rows, gives it the archive's recording
+// triggers, and records it as covered: its rows no trigger saw are then
+// read in full by lookups until maintainPlainKeys has recorded them, as the
+// rows of a month the manager attached are. Each partition is adopted in a
+// transaction of its own, so that no partition's lock is held while
+// another's is tried, and one that cannot be adopted (its triggers cannot be
+// created) is reported without holding up the others. It returns the
+// partitions adopted (in a dry run, those it would adopt), and those that
+// failed.
+func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, dryRun bool) ([]string, []Failure, error) {
+	type candidate struct {
+		oid  uint32
+		name string
 	}
-	var adopted []string
-	err := database.InTx(ctx, conn, database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout), func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sql)
+	var candidates []candidate
+	settings := database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout)
+	err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
+		if !dryRun {
+			if _, err := tx.Exec(ctx, forgetSQL); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, unadoptedSQL)
 		if err != nil {
 			return err
 		}
-		adopted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		candidates, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
+			var c candidate
+			err := row.Scan(&c.oid, &c.name)
+			return c, err
+		})
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("adopt partitions attached by hand: %w", err)
+		return nil, nil, fmt.Errorf("adopt partitions attached by hand: %w", err)
 	}
-	return adopted, nil
+	var adopted []string
+	var failed []Failure
+	for _, c := range candidates {
+		if dryRun {
+			adopted = append(adopted, c.name)
+			continue
+		}
+		var problem *string
+		err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, adoptSQL, c.oid).Scan(&problem)
+		})
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return adopted, failed, err
+		case err != nil:
+			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf("adopt partition attached by hand: %v", err)})
+		case problem == nil:
+			// Busy, detached or adopted meanwhile: the next run looks again.
+		case *problem != "":
+			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf(
+				"partition attached by hand: its rows are marked pending, but it cannot be given the archive's recording triggers "+
+					"(rows written into it by name would not be recorded; make idempotency_owner its owner): %s", *problem)})
+		default:
+			adopted = append(adopted, c.name)
+		}
+	}
+	return adopted, failed, nil
 }
 
 // backlogMonthsSQL lists every UTC month the expired backlog a sweep batch
@@ -956,7 +1014,7 @@ func maintainPlainKeys(ctx context.Context, conn *pgx.Conn, l plainkeys.Limits, 
 // idempotency_archive_plain_keys for its bounds, in the same transaction:
 // the archive's trigger never saw its rows (see migration 006). The same
 // transaction records the partition as covered by the records (migration
-// 012), so that idempotency_archive_adopt_partitions leaves it alone.
+// 012), so that idempotency_archive_adopt_partition leaves it alone.
 func attachStatements(tbl table, p Partition) []string {
 	part := tbl.sibling(p.Name)
 	// Keep every partition with the archive's owner, so that whoever may
@@ -1134,7 +1192,7 @@ func (t table) sibling(name string) string { return pgx.Identifier{t.schema, nam
 const tableSQL = `
 SELECT c.oid, n.nspname, pg_get_userbyid(c.relowner),
        to_regclass(quote_ident(n.nspname) || '.idempotency_archive_recorded_partitions') IS NOT NULL
-       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_partitions()') IS NOT NULL,
+       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_partition(oid)') IS NOT NULL,
        to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_triggers(regclass)') IS NOT NULL
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.oid = to_regclass('idempotency_key_archive')`

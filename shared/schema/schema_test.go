@@ -115,8 +115,8 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		// Only the owner says which partitions the plain-key records cover.
 		{schema.SweeperRole, "INSERT INTO idempotency_archive_recorded_partitions VALUES (1)"},
 		{schema.WriterRole, "DELETE FROM idempotency_archive_recorded_partitions"},
-		{schema.ReaderRole, "SELECT idempotency_archive_adopt_partitions()"},
-		{schema.SweeperRole, "SELECT idempotency_archive_adopt_partitions()"},
+		{schema.ReaderRole, "SELECT idempotency_archive_adopt_partition('idempotency_key_archive'::regclass)"},
+		{schema.SweeperRole, "SELECT idempotency_archive_adopt_partition('idempotency_key_archive'::regclass)"},
 	} {
 		pool := map[string]*pgxpool.Pool{schema.ReaderRole: reader, schema.SweeperRole: sweeper, schema.WriterRole: writer}[tc.role]
 		_, err := pool.Exec(ctx, tc.sql)
@@ -418,12 +418,11 @@ func TestUpgradeTakesTheAttachedPartitionsAsRecorded(t *testing.T) {
 		ALTER TABLE idempotency_key_archive ATTACH PARTITION idempotency_key_archive_2026_10
 		   FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00')`)
 	require.NoError(t, err)
-	var adopted []string
-	rows, err := conn.Query(ctx, "SELECT * FROM idempotency_archive_adopt_partitions()")
-	require.NoError(t, err)
-	adopted, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	require.Equal(t, []string{"idempotency_key_archive_2026_10"}, adopted)
+	for name, want := range map[string]*string{"idempotency_key_archive_2026_10": new(string), "idempotency_key_archive_2026_11": nil} {
+		var problem *string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT idempotency_archive_adopt_partition($1::regclass)", name).Scan(&problem))
+		require.Equal(t, want, problem, name)
+	}
 	var pending int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys_pending").Scan(&pending))
 	require.Zero(t, pending, "an empty table attached by hand leaves nothing to record")
@@ -462,4 +461,47 @@ func TestUpgradeGivesEveryPartitionTheRecordingTriggers(t *testing.T) {
 	var recorded int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_archive_plain_keys WHERE key_hash = idempotency_key_hash('idem:v1:direct')").Scan(&recorded))
 	require.Equal(t, 1, recorded)
+}
+
+// Migration 12 takes every partition's SHARE ROW EXCLUSIVE lock at once or
+// none: while December is held by a long write, it holds no lock on
+// November, and an insert into November (a 1 s lock_timeout) goes on.
+func TestMigration12HoldsNoPartitionWhileItWaitsForAnother(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	conn, url := upgradedSchema(t, db)
+	archiveOneRowAt(t, conn, 11)
+	_, err := conn.Exec(ctx, `CREATE TABLE idempotency_key_archive_2026_12 PARTITION OF idempotency_key_archive
+		FOR VALUES FROM ('2026-12-01 00:00:00+00') TO ('2027-01-01 00:00:00+00')`)
+	require.NoError(t, err)
+
+	blocker, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE idempotency_key_archive_2026_12 IN ROW EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := schema.Migrate(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		done <- err
+	}()
+	time.Sleep(time.Second)
+
+	writer, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer writer.Close(ctx)
+	_, err = writer.Exec(ctx, "SET lock_timeout = '1s'")
+	require.NoError(t, err)
+	start := time.Now()
+	_, insertErr := writer.Exec(ctx, `INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:during-migration', '\x00', 201, '2026-11-01 10:00:00+00', '2026-11-02 10:00:00+00')`)
+	waited := time.Since(start)
+	time.Sleep(time.Second)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-done)
+	require.NoError(t, insertErr, "an archive insert into November waited %s behind the migration", waited)
 }

@@ -21,10 +21,11 @@
 -- the records cover (by OID: a table restored from a dump, detached and
 -- dropped, or created anew under the same name is another table). The
 -- partition manager adds each table it attaches in the transaction that
--- attaches it, and every run calls idempotency_archive_adopt_partitions()
--- (below), which marks the bounds of every other attached partition pending
--- (when it has rows), gives it the triggers and then adds it. Its rows are then found as those of
--- any pending range are: read in full until the manager has recorded them.
+-- attaches it, and every run calls idempotency_archive_adopt_partition()
+-- (below) for every other attached partition, each in a transaction of its
+-- own: it marks the partition's bounds pending (when it has rows), gives it
+-- the triggers and then adds it. Its rows are then found as those of any
+-- pending range are: read in full until the manager has recorded them.
 -- Between a hand ATTACH and the next partitions run, lookups can still miss
 -- them (README: restore a month by leaving the table detached under its
 -- month's name, which the manager attaches itself).
@@ -57,154 +58,161 @@ ON CONFLICT (partition) DO NOTHING;
 -- archive fires only the archive's): every row is recorded once, by the
 -- triggers of the table its statement named.
 --
--- idempotency_archive_partition_triggers(part) creates them on a table of
--- the archive's schema that lacks them (the partition manager calls it for
--- every table it attaches, and idempotency_archive_adopt_partitions for every
--- partition it adopts); on a table of another schema it creates none (the
--- recording function writes the tables beside the table it fires on, which
--- another schema lacks: such a partition is adopted and read in full once,
--- and writes into it directly are not recorded). It never drops a trigger:
--- DROP TRIGGER would lock lookups out of the table.
+-- idempotency_archive_partition_triggers(part) creates them on part and on
+-- every table of its partition tree (a month partitioned further: a
+-- statement may name any of them), those of the archive's schema that lack
+-- them (the partition manager calls it for every table it attaches, and
+-- idempotency_archive_adopt_partition for every partition it adopts); on a
+-- table of another schema it creates none (the recording function writes
+-- the tables beside the table it fires on, which another schema lacks: such
+-- a partition is adopted and read in full once, and writes into it by name
+-- are not recorded). It never drops a trigger: DROP TRIGGER would lock
+-- lookups out of the table.
 CREATE OR REPLACE FUNCTION idempotency_archive_partition_triggers(part regclass) RETURNS void
     LANGUAGE plpgsql AS $$
 DECLARE
     archive_schema name := (SELECT relnamespace::regnamespace::name FROM pg_class
                              WHERE oid = to_regclass('idempotency_key_archive'));
-    part_schema    name := (SELECT relnamespace::regnamespace::name FROM pg_class WHERE oid = part);
+    tbl            regclass;
 BEGIN
-    IF part_schema IS DISTINCT FROM archive_schema THEN
-        RETURN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = part AND tgname = 'idempotency_key_archive_plain_keys') THEN
-        EXECUTE format('CREATE TRIGGER idempotency_key_archive_plain_keys AFTER INSERT ON %s
-                        REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT
-                        EXECUTE FUNCTION %I.idempotency_index_plain_keys()', part, archive_schema);
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = part AND tgname = 'idempotency_key_archive_plain_keys_update') THEN
-        EXECUTE format('CREATE TRIGGER idempotency_key_archive_plain_keys_update AFTER UPDATE ON %s
-                        REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT
-                        EXECUTE FUNCTION %I.idempotency_index_plain_keys()', part, archive_schema);
-    END IF;
+    FOR tbl IN
+        SELECT t.relid FROM pg_partition_tree(part) t JOIN pg_class c ON c.oid = t.relid
+         WHERE c.relnamespace::regnamespace::name = archive_schema
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'idempotency_key_archive_plain_keys') THEN
+            EXECUTE format('CREATE TRIGGER idempotency_key_archive_plain_keys AFTER INSERT ON %s
+                            REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT
+                            EXECUTE FUNCTION %I.idempotency_index_plain_keys()', tbl, archive_schema);
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'idempotency_key_archive_plain_keys_update') THEN
+            EXECUTE format('CREATE TRIGGER idempotency_key_archive_plain_keys_update AFTER UPDATE ON %s
+                            REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT
+                            EXECUTE FUNCTION %I.idempotency_index_plain_keys()', tbl, archive_schema);
+        END IF;
+    END LOOP;
 END
 $$;
 
--- Adopts every attached partition not in idempotency_archive_recorded_partitions
--- and returns the names of those adopted; forgets the OIDs of tables that
--- are no longer partitions of the archive first (an OID may be reused by a
--- later table). Each partition is locked SHARE ROW EXCLUSIVE first, which
--- every DETACH, ATTACH and write of it conflicts with, so that the bound
--- read is the one it keeps until the commit and no row lands unrecorded
--- between the pending mark and its triggers. A bound that is not a range of
--- timestamps (DEFAULT, a value this reads otherwise) marks every expiry
--- pending. The pending mark is the partition manager's own (package
--- partition, pendingStatement): a range pending already starts over, and
--- migration 010's trigger copies it for the late-key rule.
-CREATE OR REPLACE FUNCTION idempotency_archive_adopt_partitions() RETURNS SETOF text
+-- Adopts the attached partition part, when it is not recorded yet, and
+-- returns '' when it did; NULL, having done nothing, when it is recorded
+-- already, no longer attached, or its writers never left it free for 5 s
+-- (the next run tries again). When its triggers cannot be created (a table
+-- owned by a role the manager's is not), its rows are still marked pending,
+-- but it is not recorded, and the error is returned: the partition manager
+-- reports it, and its next run tries again.
+--
+-- The partition is locked SHARE ROW EXCLUSIVE first, which every DETACH,
+-- ATTACH and write of it conflicts with, so that the bound read is the one
+-- it keeps until the commit and no row lands unrecorded between the pending
+-- mark and its triggers. Taken without waiting, every 50 ms for up to 5 s:
+-- archive inserts into the month (sweep batches, a Redis store's
+-- completions) never queue behind a lock request that waits. The caller
+-- runs each partition in a transaction of its own, so that no lock is held
+-- while another is tried. A bound that is not a range of timestamps
+-- (DEFAULT, a value this reads otherwise) marks every expiry pending. The
+-- pending mark is the partition manager's own (package partition,
+-- pendingStatement): a range pending already starts over, and migration
+-- 010's trigger copies it for the late-key rule.
+CREATE OR REPLACE FUNCTION idempotency_archive_adopt_partition(part oid) RETURNS text
     LANGUAGE plpgsql
     SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD'
 AS $$
 DECLARE
     archive  regclass := to_regclass('idempotency_key_archive');
-    part     record;
     bound    text;
     m        text[];
     lo       timestamptz;
     hi       timestamptz;
     has_rows boolean;
-    locked   boolean;
+    locked   boolean := false;
 BEGIN
-    DELETE FROM idempotency_archive_recorded_partitions r
-     WHERE NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = r.partition AND i.inhparent = archive);
-    FOR part IN
-        SELECT c.oid, n.nspname, c.relname
-          FROM pg_inherits i
-          JOIN pg_class c ON c.oid = i.inhrelid
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE i.inhparent = archive AND NOT i.inhdetachpending
-           AND NOT EXISTS (SELECT 1 FROM idempotency_archive_recorded_partitions r WHERE r.partition = c.oid)
-         ORDER BY c.relname
-    LOOP
-        -- SHARE ROW EXCLUSIVE: every DETACH and ATTACH of it, and every
-        -- write into it, waits until the commit, so that the bound read is
-        -- the one it keeps and no row lands between the pending mark and the
-        -- triggers (CREATE TRIGGER takes this lock too). Taken without
-        -- waiting, every 50 ms for up to 5 s, as the migration below does:
-        -- archive inserts into the month (sweep batches, a Redis store's
-        -- completions) never queue behind a lock request that waits. A
-        -- partition never free for that long is left for the next run.
-        locked := false;
-        FOR attempt IN 1..100 LOOP
-            BEGIN
-                EXECUTE format('LOCK TABLE %I.%I IN SHARE ROW EXCLUSIVE MODE NOWAIT', part.nspname, part.relname);
-                locked := true;
-                EXIT;
-            EXCEPTION WHEN lock_not_available THEN
+    IF EXISTS (SELECT 1 FROM idempotency_archive_recorded_partitions WHERE partition = part) THEN
+        RETURN NULL;
+    END IF;
+    FOR attempt IN 1..100 LOOP
+        BEGIN
+            EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE NOWAIT', part::regclass);
+            locked := true;
+            EXIT;
+        EXCEPTION
+            WHEN lock_not_available THEN
                 PERFORM pg_sleep(0.05);
-            END;
-        END LOOP;
-        CONTINUE WHEN NOT locked;
-        SELECT pg_get_expr(c.relpartbound, c.oid) INTO bound
-          FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
-         WHERE c.oid = part.oid AND i.inhparent = archive AND NOT i.inhdetachpending;
-        CONTINUE WHEN NOT FOUND; -- detached before the lock was granted
-        m := regexp_match(bound, '^FOR VALUES FROM \((MINVALUE|''[^'']*'')\) TO \((MAXVALUE|''[^'']*'')\)$');
+            WHEN undefined_table THEN
+                RETURN NULL; -- dropped meanwhile
+        END;
+    END LOOP;
+    IF NOT locked THEN
+        RETURN NULL;
+    END IF;
+    SELECT pg_get_expr(c.relpartbound, c.oid) INTO bound
+      FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
+     WHERE c.oid = part AND i.inhparent = archive AND NOT i.inhdetachpending;
+    IF NOT FOUND THEN
+        RETURN NULL; -- detached before the lock was granted
+    END IF;
+    m := regexp_match(bound, '^FOR VALUES FROM \((MINVALUE|''[^'']*'')\) TO \((MAXVALUE|''[^'']*'')\)$');
+    lo := '-infinity';
+    hi := 'infinity';
+    IF m IS NOT NULL THEN
+        IF m[1] <> 'MINVALUE' THEN
+            lo := btrim(m[1], '''')::timestamptz;
+        END IF;
+        IF m[2] <> 'MAXVALUE' THEN
+            hi := btrim(m[2], '''')::timestamptz;
+        END IF;
+    END IF;
+    IF NOT lo < hi THEN
         lo := '-infinity';
         hi := 'infinity';
-        IF m IS NOT NULL THEN
-            IF m[1] <> 'MINVALUE' THEN
-                lo := btrim(m[1], '''')::timestamptz;
-            END IF;
-            IF m[2] <> 'MAXVALUE' THEN
-                hi := btrim(m[2], '''')::timestamptz;
-            END IF;
-        END IF;
-        IF NOT lo < hi THEN
-            lo := '-infinity';
-            hi := 'infinity';
-        END IF;
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I)', part.nspname, part.relname) INTO has_rows;
-        IF has_rows THEN
-            INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to)
-            VALUES (lo, hi)
-            ON CONFLICT (expired_from, expired_to) DO UPDATE SET after_key = '', after_expired_at = '-infinity';
-        END IF;
-        PERFORM idempotency_archive_partition_triggers(part.oid::regclass);
-        INSERT INTO idempotency_archive_recorded_partitions (partition) VALUES (part.oid)
-        ON CONFLICT (partition) DO NOTHING;
-        RETURN NEXT part.relname;
-    END LOOP;
+    END IF;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', part::regclass) INTO has_rows;
+    IF has_rows THEN
+        INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to)
+        VALUES (lo, hi)
+        ON CONFLICT (expired_from, expired_to) DO UPDATE SET after_key = '', after_expired_at = '-infinity';
+    END IF;
+    BEGIN
+        PERFORM idempotency_archive_partition_triggers(part::regclass);
+    EXCEPTION WHEN OTHERS THEN
+        RETURN SQLERRM;
+    END;
+    INSERT INTO idempotency_archive_recorded_partitions (partition) VALUES (part)
+    ON CONFLICT (partition) DO NOTHING;
+    RETURN '';
 END
 $$;
 
--- Every partition attached now gets them. Each is locked SHARE ROW
--- EXCLUSIVE (what CREATE TRIGGER takes) without waiting, every 50 ms for up
--- to two minutes, in a subtransaction, as migration 010 does: archive
--- inserts (a sweep batch, a Redis store's completion) never queue behind a
--- lock request that waits. The locks are held to the commit, milliseconds
--- later; lookups go on throughout.
+-- Every partition attached now gets the triggers. The partitions are locked
+-- SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes) all together, without
+-- waiting, every 50 ms for up to two minutes, in a subtransaction that gives
+-- them all back when one is not free, as migration 010 does: archive inserts
+-- (a sweep batch, a Redis store's completion) never queue behind a lock
+-- request that waits, nor wait for a lock held while another is tried. The
+-- locks are held to the commit, milliseconds later; lookups go on
+-- throughout.
 DO $$
 DECLARE
     part regclass;
 BEGIN
-    FOR part IN
-        SELECT i.inhrelid::regclass
-          FROM pg_inherits i
-         WHERE i.inhparent = to_regclass('idempotency_key_archive') AND NOT i.inhdetachpending
-         ORDER BY 1
-    LOOP
-        FOR attempt IN 1..2400 LOOP
-            BEGIN
+    FOR attempt IN 1..2400 LOOP
+        BEGIN
+            FOR part IN
+                SELECT i.inhrelid::regclass FROM pg_inherits i
+                 WHERE i.inhparent = to_regclass('idempotency_key_archive') AND NOT i.inhdetachpending
+            LOOP
                 EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE NOWAIT', part);
-                EXIT;
-            EXCEPTION WHEN lock_not_available THEN
-                IF attempt = 2400 THEN
-                    RAISE EXCEPTION 'migration 012: partition % was never free of writers for two minutes; run the migration again', part
-                        USING ERRCODE = 'lock_not_available';
-                END IF;
-                PERFORM pg_sleep(0.05);
-            END;
-        END LOOP;
-        PERFORM idempotency_archive_partition_triggers(part);
+            END LOOP;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            IF attempt = 2400 THEN
+                RAISE EXCEPTION 'migration 012: the archive''s partitions were never all free of writers at once for two minutes; run the migration again'
+                    USING ERRCODE = 'lock_not_available';
+            END IF;
+            PERFORM pg_sleep(0.05);
+        END;
     END LOOP;
+    PERFORM idempotency_archive_partition_triggers(i.inhrelid::regclass)
+       FROM pg_inherits i
+      WHERE i.inhparent = to_regclass('idempotency_key_archive') AND NOT i.inhdetachpending;
 END
 $$;
