@@ -280,7 +280,7 @@ func TestUpgradeKeepsLateRowsArchivedBeforeReachable(t *testing.T) {
 // wait behind it, and without holding the pending table it creates a
 // trigger on, so the partition manager's writes there do not wait either.
 func TestMigration010WaitsForTheArchiveInsertsUnderWay(t *testing.T) {
-	t.Parallel()
+	// Not parallel, as TestMigration12HoldsNoPartitionWhileItWaitsForAnother.
 	db := dbtest.New(t)
 	ctx := context.Background()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -467,7 +467,9 @@ func TestUpgradeGivesEveryPartitionTheRecordingTriggers(t *testing.T) {
 // none: while December is held by a long write, it holds no lock on
 // November, and an insert into November (a 1 s lock_timeout) goes on.
 func TestMigration12HoldsNoPartitionWhileItWaitsForAnother(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the migration below holds tern's advisory lock, which
+	// every schema of the test database shares, for seconds, and
+	// TestARerunOfMigrateDoesNotLockTheArchive times any lock wait out at 2 s.
 	db := dbtest.New(t)
 	ctx := context.Background()
 	conn, url := upgradedSchema(t, db)
