@@ -190,3 +190,69 @@ func TestAMonthThatCannotBeGivenTriggersIsReportedAndHoldsUpNoOther(t *testing.T
 		require.Equal(t, rid, *rec.ResourceID)
 	}
 }
+
+// A month attached by hand as a partitioned table is adopted while its
+// tree holds only the first half; the owner later restores the second half
+// from a dump and attaches it by hand to the month (not to the archive).
+// Adoption covers every table of the archive's tree: the next run adopts
+// the half (its month's bounds marked pending, its triggers given), so its
+// rows, and rows written into it by name later, are found.
+func TestAHalfAttachedLaterToAnAdoptedMonthIsAdopted(t *testing.T) {
+	t.Parallel()
+	db, m := managedArchive(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		CREATE TABLE idempotency_key_archive_2025_11 (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (expired_at);
+		CREATE TABLE idempotency_key_archive_2025_11a PARTITION OF idempotency_key_archive_2025_11 FOR VALUES FROM ('2025-11-01 00:00:00+00') TO ('2025-11-16 00:00:00+00');
+		ALTER TABLE idempotency_key_archive ATTACH PARTITION idempotency_key_archive_2025_11
+			FOR VALUES FROM ('2025-11-01 00:00:00+00') TO ('2025-12-01 00:00:00+00')`)
+	require.NoError(t, err)
+	res, err := m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"idempotency_key_archive_2025_11"}, res.Adopted)
+
+	// The second half, restored from a dump, attached by hand to the month.
+	_, err = db.Pool.Exec(ctx, `
+		CREATE TABLE idempotency_key_archive_2025_11b (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		INSERT INTO idempotency_key_archive_2025_11b (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:second-half', '\x00', 201, 'ch_half', '2025-11-20 10:00:00+00', '2025-11-21 10:00:00+00');
+		ALTER TABLE idempotency_key_archive_2025_11 ATTACH PARTITION idempotency_key_archive_2025_11b
+			FOR VALUES FROM ('2025-11-16 00:00:00+00') TO ('2025-12-01 00:00:00+00')`)
+	require.NoError(t, err)
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"idempotency_key_archive_2025_11b"}, res.Adopted)
+	require.EqualValues(t, 2, dbtest.Count(t, db.Pool,
+		"SELECT count(*) FROM pg_trigger WHERE tgrelid = 'idempotency_key_archive_2025_11b'::regclass AND NOT tgisinternal"))
+
+	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	rec, err := r.Lookup(ctx, "idem:v1:second-half", nil)
+	require.NoError(t, err, "an archived key must never be answered not found")
+	require.Equal(t, "ch_half", *rec.ResourceID)
+
+	// And a row written by name into the half afterwards is recorded too.
+	_, err = db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive_2025_11b (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:by-name-into-late-half', '\x00', 201, 'ch_late', '2025-11-20 10:00:00+00', '2025-11-22 10:00:00+00')`)
+	require.NoError(t, err)
+	rec, err = r.Lookup(ctx, "idem:v1:by-name-into-late-half", nil)
+	require.NoError(t, err, "a row written by name into a half must be found")
+	require.Equal(t, "ch_late", *rec.ResourceID)
+}
+
+// A hand-made partition outside the retention that straddles two months is
+// kept while an expired live row of a month it overlaps waits, even where
+// the month starts before it.
+func TestAPartitionStraddlingMonthsIsKeptWhileTheBacklogNeedsIt(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow), RetentionMonths: 12})
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE idempotency_key_archive_2024_mid PARTITION OF idempotency_key_archive
+		FOR VALUES FROM ('2024-01-15 00:00:00+00') TO ('2024-02-15 00:00:00+00');
+		INSERT INTO idempotency_keys (scoped_key, fingerprint, state, status_code, created_at, expires_at)
+		VALUES ('idem:v1:old-live', decode(repeat('00', 32), 'hex'), 'completed', 201, '2024-01-19 10:00:00+00', '2024-01-20 10:00:00+00')`)
+	require.NoError(t, err)
+	res, _ := m.Run(ctx, false) // fails: January 2024 overlaps it, and is reported
+	require.NotContains(t, res.Retired, "idempotency_key_archive_2024_mid", "an expired live row of January 20 waits for it")
+}

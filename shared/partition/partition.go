@@ -736,7 +736,9 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 		if p.DetachPending || !p.readable() || !expired(p.To) {
 			continue
 		}
-		if slices.ContainsFunc(backlog, func(month time.Time) bool { return !month.Before(p.From) && month.Before(p.To) }) {
+		if slices.ContainsFunc(backlog, func(month time.Time) bool {
+			return (p.To.IsZero() || month.Before(p.To)) && (p.From.IsZero() || month.AddDate(0, 1, 0).After(p.From))
+		}) {
 			continue // expired live rows wait for it: retired once they are swept
 		}
 		if deflt != nil {
@@ -851,14 +853,15 @@ func reattachStep(tbl table, p Partition) step {
 const (
 	forgetSQL = `
 DELETE FROM idempotency_archive_recorded_partitions r
- WHERE NOT EXISTS (SELECT 1 FROM pg_inherits i
-                    WHERE i.inhrelid = r.partition AND i.inhparent = to_regclass('idempotency_key_archive'))`
+ WHERE r.partition NOT IN (SELECT t.relid FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t WHERE t.level >= 1)`
 	unadoptedSQL = `
 SELECT c.oid, c.relname
-  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
- WHERE i.inhparent = to_regclass('idempotency_key_archive') AND NOT i.inhdetachpending
+  FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
+  JOIN pg_class c ON c.oid = t.relid
+ WHERE t.level >= 1
+   AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = t.relid AND i.inhdetachpending)
    AND NOT EXISTS (SELECT 1 FROM idempotency_archive_recorded_partitions r WHERE r.partition = c.oid)
- ORDER BY c.relname`
+ ORDER BY t.level, c.relname`
 	adoptSQL = "SELECT idempotency_archive_adopt_partition($1)"
 )
 

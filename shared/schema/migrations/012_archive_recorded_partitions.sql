@@ -38,9 +38,9 @@ CREATE TABLE IF NOT EXISTS idempotency_archive_recorded_partitions (
 );
 
 INSERT INTO idempotency_archive_recorded_partitions (partition)
-SELECT i.inhrelid
-  FROM pg_inherits i
- WHERE i.inhparent = to_regclass('idempotency_key_archive')
+SELECT t.relid
+  FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
+ WHERE t.level >= 1
 ON CONFLICT (partition) DO NOTHING;
 
 -- The archive's recording triggers on each partition too, so that rows
@@ -93,8 +93,9 @@ BEGIN
 END
 $$;
 
--- Adopts the attached partition part, when it is not recorded yet, and
--- returns '' when it did; NULL, having done nothing, when it is recorded
+-- Adopts part, a table of the archive's partition tree (a month, or a
+-- table attached to a month that is partitioned itself), when it is not
+-- recorded yet, and returns '' when it did; NULL, having done nothing, when it is recorded
 -- already, no longer attached, or its writers never left it free for 5 s
 -- (the next run tries again). When its triggers cannot be created (a table
 -- owned by a role the manager's is not), its rows are still marked pending,
@@ -108,8 +109,11 @@ $$;
 -- archive inserts into the month (sweep batches, a Redis store's
 -- completions) never queue behind a lock request that waits. The caller
 -- runs each partition in a transaction of its own, so that no lock is held
--- while another is tried. A bound that is not a range of timestamps
--- (DEFAULT, a value this reads otherwise) marks every expiry pending. The
+-- while another is tried. The range marked is the bound of part's month
+-- (its ancestor attached to the archive), which holds every row of part; a
+-- bound that is not a range of timestamps (DEFAULT, a value this reads
+-- otherwise) marks every expiry pending. Every table of part's own tree is
+-- recorded with it: the mark covers their rows, and they get the triggers. The
 -- pending mark is the partition manager's own (package partition,
 -- pendingStatement): a range pending already starts over, and migration
 -- 010's trigger copies it for the late-key rule.
@@ -119,6 +123,7 @@ CREATE OR REPLACE FUNCTION idempotency_archive_adopt_partition(part oid) RETURNS
 AS $$
 DECLARE
     archive  regclass := to_regclass('idempotency_key_archive');
+    month    oid;
     bound    text;
     m        text[];
     lo       timestamptz;
@@ -144,12 +149,19 @@ BEGIN
     IF NOT locked THEN
         RETURN NULL;
     END IF;
-    SELECT pg_get_expr(c.relpartbound, c.oid) INTO bound
-      FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
-     WHERE c.oid = part AND i.inhparent = archive AND NOT i.inhdetachpending;
-    IF NOT FOUND THEN
+    -- Still in the archive's tree, by attachments none of which is a
+    -- pending detach (read after the lock: no DETACH of part can be under
+    -- way now), and its month.
+    SELECT a.relid INTO month
+      FROM pg_partition_ancestors(part) a
+      JOIN pg_inherits i ON i.inhrelid = a.relid
+     WHERE i.inhparent = archive;
+    IF NOT FOUND OR EXISTS (SELECT 1 FROM pg_partition_ancestors(part) a
+                              JOIN pg_inherits i ON i.inhrelid = a.relid
+                             WHERE i.inhdetachpending) THEN
         RETURN NULL; -- detached before the lock was granted
     END IF;
+    SELECT pg_get_expr(c.relpartbound, c.oid) INTO bound FROM pg_class c WHERE c.oid = month;
     m := regexp_match(bound, '^FOR VALUES FROM \((MINVALUE|''[^'']*'')\) TO \((MAXVALUE|''[^'']*'')\)$');
     lo := '-infinity';
     hi := 'infinity';
@@ -176,7 +188,8 @@ BEGIN
     EXCEPTION WHEN OTHERS THEN
         RETURN SQLERRM;
     END;
-    INSERT INTO idempotency_archive_recorded_partitions (partition) VALUES (part)
+    INSERT INTO idempotency_archive_recorded_partitions (partition)
+    SELECT t.relid FROM pg_partition_tree(part) t
     ON CONFLICT (partition) DO NOTHING;
     RETURN '';
 END
@@ -211,8 +224,19 @@ BEGIN
             PERFORM pg_sleep(0.05);
         END;
     END LOOP;
-    PERFORM idempotency_archive_partition_triggers(i.inhrelid::regclass)
-       FROM pg_inherits i
-      WHERE i.inhparent = to_regclass('idempotency_key_archive') AND NOT i.inhdetachpending;
+    -- A partition this migration may not give triggers (owned by another
+    -- role) is forgotten instead: the next partitions run adopts it, after
+    -- migrate has made idempotency_owner its owner, or reports it.
+    FOR part IN
+        SELECT i.inhrelid::regclass FROM pg_inherits i
+         WHERE i.inhparent = to_regclass('idempotency_key_archive') AND NOT i.inhdetachpending
+    LOOP
+        BEGIN
+            PERFORM idempotency_archive_partition_triggers(part);
+        EXCEPTION WHEN insufficient_privilege THEN
+            DELETE FROM idempotency_archive_recorded_partitions
+             WHERE partition IN (SELECT t.relid FROM pg_partition_tree(part) t);
+        END;
+    END LOOP;
 END
 $$;
