@@ -152,8 +152,21 @@ func decode(raw map[string]any) (properties, error) {
 	if err := json.Unmarshal(b, &p); err != nil {
 		return p, fmt.Errorf("resource properties: %w", err)
 	}
+	// A function whose user is left out would be deployed with a user that
+	// does not exist, and fail every invocation after a deploy that
+	// succeeded. WriterUser is optional: API services may connect as
+	// another user.
+	for _, r := range []struct{ prop, user, function string }{
+		{"SweeperUser", p.SweeperUser, "sweep"}, {"ReaderUser", p.ReaderUser, "lookup"}, {"OwnerUser", p.OwnerUser, "partitions"},
+	} {
+		if r.user == "" {
+			return p, fmt.Errorf("resource property %s is required (the user the %s function connects as)", r.prop, r.function)
+		}
+	}
 	return p, nil
 }
+
+var functionOf = map[string]string{"SweeperUser": "sweep", "ReaderUser": "lookup", "OwnerUser": "partitions"}
 
 // reason bounds an error's text for the CloudFormation response.
 func reason(err error) error {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/cfn"
@@ -61,4 +62,91 @@ func TestARedeployKeepsARoleGrantedByHand(t *testing.T) {
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 	require.True(t, memberOf(t, b, b.users.Writer, schema.ReaderRole), "the operator's grant was revoked")
 	require.True(t, memberOf(t, b, b.users.Writer, schema.WriterRole))
+}
+
+// transition is an Update event from the sample's properties changed by
+// from to the sample's properties changed by to.
+func (b bundle) transition(t *testing.T, from, to func(map[string]any)) []byte {
+	t.Helper()
+	var ev, old map[string]any
+	require.NoError(t, json.Unmarshal(b.event(t, "migrate-cfn-create.json", to), &ev))
+	require.NoError(t, json.Unmarshal(b.event(t, "migrate-cfn-create.json", from), &old))
+	ev["RequestType"], ev["PhysicalResourceId"] = "Update", PhysicalID
+	ev["OldResourceProperties"] = old["ResourceProperties"]
+	out, err := json.Marshal(ev)
+	require.NoError(t, err)
+	return out
+}
+
+// A name dropped by one deploy loses its role then, not when a later deploy
+// reuses it: that deploy's previous properties no longer name it. Renaming
+// the sweeper's user S to S2, then giving S to the lookup function, must
+// not leave the lookup function's user able to delete live keys.
+func TestANameDroppedByOneDeployAndReusedByTheNextHoldsOnlyItsNewRole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s2 := "sweeper2_" + randomSuffix()
+	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+s2) })
+	require.Equal(t, cfn.StatusSuccess, b.invoke(b.event(t, "migrate-cfn-create.json", nil)).Status)
+
+	// WHEN one deploy renames the sweeper's user
+	renamed := func(p map[string]any) { p["SweeperUser"] = s2 }
+	resp := b.invoke(b.transition(t, nil, renamed))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	// THEN the old name holds no role of the deploy's (its LOGIN is kept)
+	require.False(t, memberOf(t, b, b.users.Sweeper, schema.SweeperRole), "the dropped name keeps idempotency_sweeper")
+	require.True(t, memberOf(t, b, s2, schema.SweeperRole))
+
+	// WHEN the next deploy gives the old name to the lookup function
+	resp = b.invoke(b.transition(t, renamed, func(p map[string]any) { p["SweeperUser"], p["ReaderUser"] = s2, b.users.Sweeper }))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+
+	// THEN the lookup function's user holds idempotency_reader alone
+	for _, r := range []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole} {
+		require.Equal(t, r == schema.ReaderRole, memberOf(t, b, b.users.Sweeper, r), "%s in %s", b.users.Sweeper, r)
+	}
+	lookupUser := b.db.NewPool(t, dbtest.AsRole(b.users.Sweeper))
+	_, err := lookupUser.Exec(context.Background(), "DELETE FROM idempotency_keys WHERE false")
+	require.Error(t, err)
+}
+
+// The rollback of an Update that swapped two functions' users, over a
+// schema that Update's package migrated further, still gives each user its
+// own role back: the functions run as their old users again.
+func TestARollbackOverANewerSchemaRestoresTheUsersRoles(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.Equal(t, cfn.StatusSuccess, b.invoke(b.event(t, "migrate-cfn-create.json", nil)).Status)
+	swapped := func(p map[string]any) { p["SweeperUser"], p["ReaderUser"] = b.users.Reader, b.users.Sweeper }
+	resp := b.invoke(b.transition(t, nil, swapped))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	_, err := b.db.Pool.Exec(context.Background(), "UPDATE "+schema.VersionTable+" SET version = version + 1")
+	require.NoError(t, err)
+
+	resp = b.invoke(b.transition(t, swapped, nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+
+	for user, role := range map[string]string{b.users.Sweeper: schema.SweeperRole, b.users.Reader: schema.ReaderRole} {
+		for _, r := range []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole} {
+			require.Equal(t, r == role, memberOf(t, b, user, r), "%s in %s after the rollback", user, r)
+		}
+	}
+}
+
+// A Create or Update that leaves out a function's user fails the deploy
+// instead of deploying that function with a user that does not exist.
+func TestAMissingUserPropertyFailsTheDeploy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, prop := range []string{"SweeperUser", "ReaderUser", "OwnerUser"} {
+		resp := b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { delete(p, prop) }))
+		require.Equal(t, cfn.StatusFailed, resp.Status, prop)
+		require.Contains(t, resp.Reason, "resource property "+prop+" is required")
+		resp = b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { p[prop] = "" }))
+		require.Equal(t, cfn.StatusFailed, resp.Status, prop)
+	}
+	require.EqualValues(t, 0, count(t, b, "SELECT count(*) FROM pg_roles WHERE rolname = ANY($1)", []string{b.users.Sweeper, b.users.Reader, b.users.Owner}))
+	// WriterUser stays optional.
+	resp := b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { delete(p, "WriterUser") }))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 }

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -129,8 +130,25 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 		return res, fmt.Errorf("connect: %w", err)
 	}
 	res.Schema, err = schema.Migrate(ctx, conn.Conn(), logger)
-	if err == nil {
+	switch {
+	case err == nil:
 		res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, cfg.Previous, res.Schema.GrantsApplied, logger)
+	case errors.Is(err, schema.ErrSchemaAhead):
+		// A rollback over a deploy that migrated further: the schema stays
+		// as it is, but the functions run as this deploy's users again, so
+		// each must hold its own role and no other (an Update that swapped
+		// two names is undone). The partitions are left to the newer
+		// schema's runs.
+		ahead := err
+		var may bool
+		if may, err = mayCreateRoles(ctx, conn.Conn()); err == nil {
+			res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, cfg.Previous, may, logger)
+		}
+		conn.Release()
+		if err != nil {
+			return res, err
+		}
+		return res, fmt.Errorf("%w (users provisioned, partitions left as they are)", ahead)
 	}
 	conn.Release()
 	if err != nil {
@@ -157,37 +175,50 @@ SELECT true, r.rolcanlogin,
                                            'pg_read_all_data', 'pg_write_all_data', 'rds_superuser')))
   FROM pg_roles r WHERE r.rolname = $1`
 
-// ensureUsers creates each named user (WITH LOGIN, no password) and grants it
-// its group role, and rds_iam where that exists.
-// revokeMoved revokes from u the role the previous run gave its name, when
-// that was another function's: an Update that moves a name from one
-// function to another (swapped names, a rename that reuses one) must not
-// leave the lookup function's user able to delete live keys, or another
-// function running DDL. A role the deploy never gave the name (an
-// operator's grant, as an API that reads the archive with its live store's
-// user needs) is left alone. The revoke is checked: on PostgreSQL 16 and
-// later it removes only the migrating user's own grant, and a membership
-// another role granted would stay.
-func revokeMoved(ctx context.Context, tx pgx.Tx, u User, previous Users) error {
+// mayCreateRoles says whether the connecting user may create roles and
+// grant them (superuser or CREATEROLE), as ensureUsers needs.
+func mayCreateRoles(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var may bool
+	if err := conn.QueryRow(ctx, "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user").Scan(&may); err != nil {
+		return false, fmt.Errorf("check role privileges: %w", err)
+	}
+	return may, nil
+}
+
+// revokeMoved revokes from the user name the role the previous run gave it,
+// when this run gives it another role (keep) or none (keep ""): an Update
+// that moves a name from one function to another (swapped names, a rename
+// that reuses one), or drops it, must not leave a user able to do another
+// function's work. A name that drops out is revoked at once, not when a
+// later deploy reuses it: that deploy's previous properties no longer name
+// it (a rename S to S2, then S given to the lookup function, would leave
+// the lookup function's user able to delete live keys). A role the deploy
+// never gave the name (an operator's grant, as an API that reads the
+// archive with its live store's user needs) is left alone, and so are the
+// dropped user's LOGIN and rds_iam: the deploy may not have created it.
+// The revoke is checked: on PostgreSQL 16 and later it removes only the
+// migrating user's own grant, and a membership another role granted would
+// stay.
+func revokeMoved(ctx context.Context, tx pgx.Tx, name, keep string, previous Users) error {
 	for _, old := range previous.roles() {
-		if old.Name != u.Name || old.Role == u.Role {
+		if old.Name != name || old.Role == keep {
 			continue
 		}
 		var member bool
-		if err := tx.QueryRow(ctx, directMemberSQL, old.Role, u.Name).Scan(&member); err != nil {
-			return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+		if err := tx.QueryRow(ctx, directMemberSQL, old.Role, name).Scan(&member); err != nil {
+			return fmt.Errorf("look up %s's roles: %w", name, err)
 		}
 		if !member {
 			continue
 		}
-		if _, err := tx.Exec(ctx, "REVOKE "+pgx.Identifier{old.Role}.Sanitize()+" FROM "+pgx.Identifier{u.Name}.Sanitize()); err != nil {
-			return fmt.Errorf("revoke %s from %s, whose name the previous deploy gave that role: %w", old.Role, u.Name, err)
+		if _, err := tx.Exec(ctx, "REVOKE "+pgx.Identifier{old.Role}.Sanitize()+" FROM "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return fmt.Errorf("revoke %s from %s, whose name the previous deploy gave that role: %w", old.Role, name, err)
 		}
-		if err := tx.QueryRow(ctx, directMemberSQL, old.Role, u.Name).Scan(&member); err != nil {
-			return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+		if err := tx.QueryRow(ctx, directMemberSQL, old.Role, name).Scan(&member); err != nil {
+			return fmt.Errorf("look up %s's roles: %w", name, err)
 		}
 		if member {
-			return fmt.Errorf("user %s is still a member of %s, which the previous deploy gave its name, after REVOKE (another role granted it): revoke it by hand, or choose another name", u.Name, old.Role)
+			return fmt.Errorf("user %s is still a member of %s, which the previous deploy gave its name, after REVOKE (another role granted it): revoke it by hand, or choose another name", name, old.Role)
 		}
 	}
 	return nil
@@ -206,10 +237,20 @@ func (u Users) roles() []User {
 		{Name: u.Writer, Role: schema.WriterRole}}
 }
 
+// ensureUsers creates each named user (WITH LOGIN, no password) and grants it
+// its group role, and rds_iam where that exists; it revokes the role the
+// previous deploy gave a name that now has another role or none
+// (revokeMoved).
 func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, mayCreateRoles bool, logger *slog.Logger) ([]User, error) {
 	wanted := users.roles()
 	out := []User{}
-	if users == (Users{}) {
+	var dropped []string
+	for _, old := range previous.roles() {
+		if old.Name != "" && !slices.ContainsFunc(wanted, func(u User) bool { return u.Name == old.Name }) && !slices.Contains(dropped, old.Name) {
+			dropped = append(dropped, old.Name)
+		}
+	}
+	if users == (Users{}) && len(dropped) == 0 {
 		return out, nil
 	}
 	if !mayCreateRoles {
@@ -253,7 +294,7 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 			if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+ident); err != nil {
 				return fmt.Errorf("grant %s to %s: %w", u.Role, u.Name, err)
 			}
-			if err := revokeMoved(ctx, tx, u, previous); err != nil {
+			if err := revokeMoved(ctx, tx, u.Name, u.Role, previous); err != nil {
 				return err
 			}
 			if iam {
@@ -263,6 +304,11 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 				u.IAM = true
 			}
 			out = append(out, u)
+		}
+		for _, name := range dropped {
+			if err := revokeMoved(ctx, tx, name, "", previous); err != nil {
+				return err
+			}
 		}
 		// The owner creates partitions, which needs CREATE on the schema;
 		// since PostgreSQL 15 the public schema no longer grants it to
@@ -277,7 +323,7 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 				return fmt.Errorf("grant CREATE on schema %s to %s: %w", schemaName, schema.OwnerRole, err)
 			}
 		}
-		if !iam {
+		if !iam && len(out) > 0 {
 			logger.WarnContext(ctx, "no rds_iam role on this server (not RDS): the users were created without a way to sign in", "users", names(out))
 		}
 		return nil
