@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"time"
@@ -55,11 +56,17 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 // zeroMeans lists the numeric props whose zero means something (0 months of
 // retention: keep forever). Every other numeric prop, set, must be positive:
 // a 0 would only mean "the default", and a value set is never silently
-// replaced by one.
-var zeroMeans = map[string]bool{"partitionRetentionMonths": true, "auroraMinCapacity": true}
+// replaced by one. auroraMinCapacity=0 (Aurora's auto-pause) is refused
+// with them: the schedules and RDS Proxy keep connections open, so the
+// cluster would never pause, and were it paused, a lookup on a payment's
+// path would wait for the resume (about 15 s), past its timeout.
+var zeroMeans = map[string]bool{"partitionRetentionMonths": true}
 
 func (c *contextReader) positive(name string, v float64) {
-	if v <= 0 && !zeroMeans[name] {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		c.fail(name, fmt.Errorf("must be a finite number, got %v", v))
+	case v <= 0 && !zeroMeans[name]:
 		c.fail(name, fmt.Errorf("must be positive, got %v (leave it unset for the default)", v))
 	}
 }

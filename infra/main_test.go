@@ -55,13 +55,20 @@ func TestPropsFromContext(t *testing.T) {
 
 	// AND a zero that could only mean "the default" is refused, never
 	// silently replaced; a zero that means something is kept
-	for name, v := range map[string]any{"liveTtl": "0s", "sweepBatchSize": float64(0), "partitionLeadMonths": "0", "sweepInterval": "-5m"} {
+	for name, v := range map[string]any{"liveTtl": "0s", "sweepBatchSize": float64(0), "partitionLeadMonths": "0", "sweepInterval": "-5m", "auroraMinCapacity": "0"} {
 		_, _, err = propsFromContext(contextOf(map[string]any{name: v}))
 		require.ErrorContains(t, err, "context "+name+": must be positive", name)
 	}
 	p, _, err = propsFromContext(contextOf(map[string]any{"partitionRetentionMonths": "0"}))
 	require.NoError(t, err)
 	require.Zero(t, p.PartitionRetentionMonths)
+
+	// AND a number that is not finite is refused, naming it (a NaN
+	// baseline made the synth panic in jsii)
+	for name, v := range map[string]any{"archiveBytesPerRowBaseline": "NaN", "apiRateLimit": "Inf", "auroraMaxCapacity": "-Inf", "apiBurstLimit": "nan"} {
+		_, _, err = propsFromContext(contextOf(map[string]any{name: v}))
+		require.ErrorContains(t, err, "context "+name+": must be a finite number", name)
+	}
 }
 
 func TestSynthWritesTheTemplateSAMCanInvoke(t *testing.T) {

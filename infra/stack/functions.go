@@ -104,6 +104,18 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 		// unreachable.
 		timeout: 15 * time.Minute,
 		user:    MasterUser,
+		// CloudFormation invokes a custom resource asynchronously. Lambda's
+		// default retries would run a failed or timed-out Create or Update
+		// again up to hours later, after CloudFormation gave up on it
+		// (ServiceTimeout) and while it may be rolling back: the stale
+		// event would race the rollback's own invocation and could give the
+		// users the failed update's roles back. The handler answers every
+		// event it receives; a function that dies without answering fails
+		// the deploy at ServiceTimeout instead, and its event goes to the
+		// failed-invocations queue.
+		async: &awslambda.EventInvokeConfigOptions{
+			RetryAttempts: jsii.Number(0), MaxEventAge: awscdk.Duration_Minutes(jsii.Number(serviceTimeoutMinutes)), OnFailure: failed,
+		},
 	})
 	return f
 }
@@ -155,7 +167,10 @@ func newFunction(scope constructs.Construct, net *Network, db *Database, p Props
 	if s.async != nil {
 		props.RetryAttempts = s.async.RetryAttempts
 		props.OnFailure = s.async.OnFailure
-		props.MaxEventAge = awscdk.Duration_Hours(jsii.Number(1))
+		props.MaxEventAge = s.async.MaxEventAge
+		if props.MaxEventAge == nil {
+			props.MaxEventAge = awscdk.Duration_Hours(jsii.Number(1))
+		}
 	}
 	fn := awslambda.NewFunction(scope, jsii.String(id), props)
 	db.GrantConnect(role, s.user)

@@ -56,7 +56,7 @@ func NewMigration(scope constructs.Construct, id string, net *Network, db *Datab
 		// Beyond the function's 15-minute timeout: a function that dies
 		// before answering (a bad configuration at init) fails the deploy
 		// after this, not after CloudFormation's default hour.
-		ServiceTimeout: awscdk.Duration_Minutes(jsii.Number(20)),
+		ServiceTimeout: awscdk.Duration_Minutes(jsii.Number(serviceTimeoutMinutes)),
 	})
 	// The function connects through the proxy once the proxy has its target,
 	// and answers through the S3 gateway endpoint.
@@ -72,3 +72,8 @@ func fileDigest(path string) (string, error) {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:]), nil
 }
+
+// serviceTimeoutMinutes is how long CloudFormation waits for the migrate
+// function's answer; an asynchronous invocation older than that is dropped
+// (no one waits for its answer).
+const serviceTimeoutMinutes = 20

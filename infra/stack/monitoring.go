@@ -123,17 +123,21 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 			})
 		},
 		metrics.ArchivedTotal: func(d metrics.Definition) awscloudwatch.Alarm {
-			// 1 in a 15-minute window where the backlog grew and nothing was
-			// archived; two such windows in a row page. FILL: a window
-			// without any sweep report counts as nothing archived.
+			// 1 in a window where the backlog grew and nothing was archived;
+			// two such windows in a row page. FILL: a window without any
+			// sweep report counts as nothing archived. A window is at least
+			// one sweep interval: a sweep reports once a run, and two
+			// windows shorter than the interval never both hold a report,
+			// so the alarm could never fire.
+			window := minutes(max(15, p.SweepInterval.Minutes()))
 			wedged := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
 				Expression: jsii.String("IF(DIFF(backlog) > 0 AND FILL(archived, 0) == 0, 1, 0)"),
 				UsingMetrics: &map[string]awscloudwatch.IMetric{
-					"backlog":  metric(metrics.ExpiredBacklog, "Maximum", minutes(15)),
-					"archived": metric(d.Name, "Sum", minutes(15)),
+					"backlog":  metric(metrics.ExpiredBacklog, "Maximum", window),
+					"archived": metric(d.Name, "Sum", window),
 				},
 				Label:  jsii.String("sweeper wedged (backlog grows, nothing archived)"),
-				Period: minutes(15),
+				Period: window,
 			})
 			return alarm("sweeper-wedged", wedged, m.Page, &awscloudwatch.CreateAlarmOptions{
 				AlarmDescription:   describe(d, "the sweeper runs but moves nothing: look for lock timeouts or a missing partition in its logs."),

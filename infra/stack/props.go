@@ -3,6 +3,7 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -176,6 +177,17 @@ func (p Props) validate() error {
 	}
 	if p.SweepInterval%time.Minute != 0 || p.SweepInterval < 2*time.Minute || p.SweepInterval > time.Hour {
 		return fmt.Errorf("SweepInterval must be whole minutes from 2 to 60, got %s", p.SweepInterval)
+	}
+	for name, v := range map[string]float64{
+		"ArchiveBytesPerRowBaseline": p.ArchiveBytesPerRowBaseline, "AuroraMinCapacity": p.AuroraMinCapacity,
+		"AuroraMaxCapacity": p.AuroraMaxCapacity, "APIRateLimit": p.APIRateLimit, "APIBurstLimit": p.APIBurstLimit,
+	} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return fmt.Errorf("%s must be a positive finite number (or 0 for the default), got %v", name, v)
+		}
+	}
+	if p.AuroraMinCapacity < 0.5 {
+		return fmt.Errorf("AuroraMinCapacity must be at least 0.5 ACU, got %v: auto-pause (0) is not offered, as the schedules and RDS Proxy keep the cluster awake and a resume would outlast the lookup's timeout", p.AuroraMinCapacity)
 	}
 	if p.AuroraMinCapacity > p.AuroraMaxCapacity {
 		return fmt.Errorf("AuroraMinCapacity %.1f is above AuroraMaxCapacity %.1f", p.AuroraMinCapacity, p.AuroraMaxCapacity)

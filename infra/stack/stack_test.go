@@ -2,6 +2,7 @@ package stack
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -398,6 +399,10 @@ func TestPropsAreValidatedAtSynth(t *testing.T) {
 		"lead too short":         {Props{CodeDir: code, PartitionLeadMonths: 1}, "lead must be at least 2 months"},
 		"odd retention":          {Props{CodeDir: code, LogRetentionDays: 45}, "LogRetentionDays 45"},
 		"aurora range":           {Props{CodeDir: code, Aurora: true, AuroraMinCapacity: 8, AuroraMaxCapacity: 2}, "above AuroraMaxCapacity"},
+		"aurora below 0.5":       {Props{CodeDir: code, Aurora: true, AuroraMinCapacity: 0.25}, "AuroraMinCapacity must be at least 0.5 ACU"},
+		"NaN baseline":           {Props{CodeDir: code, ArchiveBytesPerRowBaseline: math.NaN()}, "ArchiveBytesPerRowBaseline must be a positive finite number"},
+		"infinite rate":          {Props{CodeDir: code, APIRateLimit: math.Inf(1)}, "APIRateLimit must be a positive finite number"},
+		"negative burst":         {Props{CodeDir: code, APIBurstLimit: -1}, "APIBurstLimit must be a positive finite number"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := New(awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())}), "Test", tc.props)
