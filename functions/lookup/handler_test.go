@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"net/url"
 	"strings"
 	"testing"
@@ -344,4 +345,29 @@ func TestAQueryThatRunsOutOfTimeIs503Timeout(t *testing.T) {
 	logs := stdout.String() + stderr.String()
 	require.Contains(t, logs, "lookup answered timeout")
 	require.Contains(t, logs, "req-slow")
+}
+
+// The function's log and answers never carry the database password. A
+// DATABASE_URL whose password holds an unescaped '@' (which pgx would read
+// partly as the host, then print in its connect error and send to DNS) fails
+// the init without a word of it; the same password percent-encoded reaches
+// neither the answer nor the log when the database cannot be reached.
+func TestTheLookupLogNeverCarriesThePassword(t *testing.T) {
+	t.Parallel()
+	const tail = "9kLmNpQ"
+	_, err := fnenv.Load(context.Background(), func(k string) string {
+		return map[string]string{"DATABASE_URL": "postgres://archive_reader:Xy@" + tail + "@db.invalid:5432/archive?sslmode=verify-full&connect_timeout=2"}[k]
+	}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "percent-encode")
+	require.NotContains(t, err.Error(), tail)
+
+	env, stdout, stderr := testenv.FunctionEnv(t, nil, map[string]string{
+		"DATABASE_URL": "postgres://archive_reader:Xy%40" + tail + "@db.invalid:5432/archive?sslmode=verify-full&connect_timeout=2",
+	})
+	out, err := lambda.NewHandler(newHandler(env)).Invoke(testenv.Invocation("req-unreachable"), []byte(`{"scoped_key":"idem:v1:probe"}`))
+	require.NoError(t, err)
+	require.NotContains(t, string(out), tail)
+	require.NotContains(t, stdout.String(), tail)
+	require.NotEmpty(t, stderr.String(), "the connect error is logged")
+	require.NotContains(t, stderr.String(), tail)
 }

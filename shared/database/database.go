@@ -7,11 +7,12 @@ package database
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -30,10 +31,21 @@ import (
 // places: the URL itself (local use), a Secrets Manager secret (SecretARN), or
 // RDS IAM authentication tokens minted for every new connection (IAMAuth).
 type Config struct {
-	// URL is a PostgreSQL connection string (postgres://user@host:5432/db?...).
-	// Required unless SecretARN is set, in which case it may still override
-	// the host (an RDS Proxy endpoint, say) and options. A search_path query
-	// parameter selects the schema.
+	// URL is a PostgreSQL connection string (postgres://user@host:5432/db?...
+	// or keyword/value). A search_path query parameter selects the schema.
+	// '@', '/', ':', '?' and '#' in the user name or password must be
+	// percent-encoded: a URL whose host or database name would hold part of
+	// them is refused. pool_* settings other than pool_max_conns (refused:
+	// MaxConns) are honoured, and refused when the pool cannot run with them.
+	//
+	// Required unless SecretARN is set. Beside a secret, the secret gives
+	// user and password, and each of host, port and database the URL does
+	// not name: the host when the URL names none (its host then needs
+	// sslmode=verify-full, the default there, unless it proves local); the
+	// port when the URL names neither host nor port (a proxy's port is not
+	// the instance's; a URL host without a port means 5432); the database
+	// when the URL names none. Everything else (options, sslmode) comes
+	// from the URL.
 	URL string
 	// SecretARN names a Secrets Manager secret in the shape RDS generates
 	// ({"username","password","host","port","dbname",...}). It is fetched on
@@ -57,9 +69,11 @@ type Config struct {
 	// SSLRootCert is the path of a PEM file of the certificate authorities
 	// the server's certificate must chain to: the RDS CA bundle
 	// (global-bundle.pem) for a direct connection to RDS. When set, every
-	// connection uses sslmode=verify-full with sslrootcert=SSLRootCert,
-	// overriding both options in URL. Empty uses what URL says (the system
-	// roots with sslmode=verify-full, which is enough behind RDS Proxy).
+	// attempt at every host verifies the server's certificate against it and
+	// its name against the host (sslmode=verify-full), whatever sslmode URL
+	// gives; the URL's text is not rewritten, and a URL that sets sslrootcert
+	// as well is refused. Empty uses what URL says (the system roots with
+	// sslmode=verify-full, which is enough behind RDS Proxy).
 	SSLRootCert string
 	// MaxConns caps the pool, 1 to MaxMaxConns. 0 means the default, 4: a
 	// pool of no connections cannot work, so 0 is never meant literally.
@@ -82,75 +96,157 @@ var execModes = map[string]pgx.QueryExecMode{
 	"simple_protocol": pgx.QueryExecModeSimpleProtocol,
 }
 
+// ConfigError is a Config error about one field, so that a caller can name
+// the field its own way (an environment variable, a flag). Its message never
+// holds the connection string nor any part of a password.
+type ConfigError struct {
+	// Field is the Config field: URL, SecretARN, IAMAuth, SSLRootCert,
+	// MaxConns or ExecMode.
+	Field string
+	Msg   string
+}
+
+func (e *ConfigError) Error() string { return e.Msg }
+
+func configError(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
 // PoolConfig validates c and returns the pgxpool configuration it describes,
-// without credentials from AWS (Open adds those). Errors never include the
-// connection string, which may hold a password.
+// without credentials from AWS (Open adds those). Its errors are
+// *ConfigError, and never include the connection string, which may hold a
+// password.
 func (c Config) PoolConfig() (*pgxpool.Config, error) {
-	if c.URL == "" && c.SecretARN == "" {
-		return nil, errors.New("database URL is empty: set DATABASE_URL (or DATABASE_SECRET_ARN)")
+	cfg, _, err := c.poolConfig()
+	return cfg, err
+}
+
+// poolConfig is PoolConfig, also reporting which settings URL names itself
+// (the rest of host, port and database come from the secret, if any).
+func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
+	var named settingsNamed
+	switch {
+	case c.URL == "" && c.SecretARN == "":
+		return nil, named, configError("URL", "database URL is empty: set DATABASE_URL (or DATABASE_SECRET_ARN)")
+	case c.SecretARN != "" && c.IAMAuth:
+		return nil, named, configError("IAMAuth", "choose one source of database credentials: a secret or IAM authentication, not both")
+	case c.IAMAuth && c.URL == "":
+		return nil, named, configError("URL", "IAM authentication needs DATABASE_URL naming host, port, user and database")
+	case c.MaxConns < 0 || c.MaxConns > MaxMaxConns:
+		return nil, named, configError("MaxConns", "database max connections must be 1 to %d, got %d", MaxMaxConns, c.MaxConns)
 	}
-	if c.SecretARN != "" && c.IAMAuth {
-		return nil, errors.New("choose one source of database credentials: a secret or IAM authentication, not both")
+	mode, modeSet := execModes[strings.ToLower(c.ExecMode)]
+	if c.ExecMode != "" && !modeSet {
+		return nil, named, configError("ExecMode", "unknown statement execution mode %q (want cache_statement, cache_describe, describe_exec, exec or simple_protocol)", c.ExecMode)
 	}
-	if c.IAMAuth && c.URL == "" {
-		return nil, errors.New("IAM authentication needs DATABASE_URL naming host, port, user and database")
+	var err error
+	if named, err = namedSettings(c.URL); err != nil {
+		return nil, named, &ConfigError{Field: "URL", Msg: err.Error()}
+	}
+	var roots *x509.CertPool
+	if c.SSLRootCert != "" {
+		if named.keys["sslrootcert"] {
+			return nil, named, configError("SSLRootCert", "database URL sets sslrootcert and DATABASE_SSL_ROOT_CERT is set too: keep one")
+		}
+		if roots, err = rootCerts(c.SSLRootCert); err != nil {
+			return nil, named, &ConfigError{Field: "SSLRootCert", Msg: err.Error()}
+		}
 	}
 	connString := c.URL
-	if connString == "" {
-		// Host, port and database come from the secret on first connect;
-		// until then the placeholder must not be a local address, so that
-		// the TLS rule below applies.
-		connString = "host=secret.invalid sslmode=verify-full"
-	}
-	if c.SSLRootCert != "" {
-		if err := CheckRootCert(c.SSLRootCert); err != nil {
-			return nil, err
-		}
-		var err error
-		if connString, err = withVerifyFull(connString, c.SSLRootCert); err != nil {
-			return nil, err
-		}
+	if c.SecretARN != "" && !named.host() {
+		// Host (and, unless the URL names them, port and database) come
+		// from the secret on first connect; until then a placeholder that
+		// is not local stands in, so that the TLS rule below applies.
+		connString = withSecretHost(connString, named)
 	}
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		return nil, errors.New("database URL is not a valid PostgreSQL connection string")
+		return nil, named, configError("URL", "database URL is not a valid PostgreSQL connection string")
+	}
+	cc := cfg.ConnConfig
+	// Before any host is printed (the TLS rule) or looked up: a host or
+	// database name that holds what an unescaped '@' or '/' cut out of a
+	// password.
+	for _, a := range attempts(cc) {
+		if !plausibleHost(a.Host) {
+			return nil, named, &ConfigError{Field: "URL", Msg: errAmbiguousURL.Error()}
+		}
+	}
+	if strings.ContainsAny(cc.Database, "@/") {
+		return nil, named, &ConfigError{Field: "URL", Msg: errAmbiguousURL.Error()}
 	}
 	// The pool's size is MaxConns (DATABASE_MAX_CONNS), which would
 	// silently override a size in the URL. Asked of the parser (pgxpool
 	// takes the setting out of what it returns), so that an encoded name
 	// counts and the text in a password does not.
-	if cc, err := pgconn.ParseConfig(connString); err == nil {
-		if _, ok := cc.RuntimeParams["pool_max_conns"]; ok {
-			return nil, errors.New("database URL sets pool_max_conns: set DATABASE_MAX_CONNS instead")
+	if pc, err := pgconn.ParseConfig(connString); err == nil {
+		if _, ok := pc.RuntimeParams["pool_max_conns"]; ok {
+			return nil, named, configError("URL", "database URL sets pool_max_conns: set DATABASE_MAX_CONNS instead")
 		}
-	}
-	if c.URL != "" && !c.InsecureTLS {
-		if host, ok := everyHostVerified(cfg.ConnConfig); !ok {
-			return nil, fmt.Errorf("database host %s is not local: use sslmode=verify-full (with sslrootcert naming the RDS CA bundle when not behind RDS Proxy)", host)
-		}
-	}
-	if c.MaxConns < 0 || c.MaxConns > MaxMaxConns {
-		return nil, fmt.Errorf("database max connections must be 1 to %d, got %d", MaxMaxConns, c.MaxConns)
 	}
 	cfg.MaxConns = cmp.Or(c.MaxConns, 4)
-	if c.ExecMode != "" {
-		mode, ok := execModes[strings.ToLower(c.ExecMode)]
-		if !ok {
-			return nil, fmt.Errorf("unknown statement execution mode %q (want cache_statement, cache_describe, describe_exec, exec or simple_protocol)", c.ExecMode)
-		}
-		cfg.ConnConfig.DefaultQueryExecMode = mode
+	if err := checkPoolSettings(cfg); err != nil {
+		return nil, named, &ConfigError{Field: "URL", Msg: err.Error()}
 	}
-	return cfg, nil
+	if roots != nil {
+		verifyFull(cc, roots)
+	}
+	if !c.InsecureTLS {
+		if host, ok := everyHostVerified(cc); !ok {
+			if host == secretPlaceholderHost {
+				return nil, named, configError("URL", "the database secret's host is not local: DATABASE_URL must use sslmode=verify-full, or leave sslmode out")
+			}
+			return nil, named, configError("URL", "database host %s is not local: use sslmode=verify-full (with sslrootcert naming the RDS CA bundle when not behind RDS Proxy)", host)
+		}
+	}
+	if modeSet {
+		cc.DefaultQueryExecMode = mode
+	}
+	return cfg, named, nil
 }
 
-// isLocal reports whether host is a loopback address or a Unix socket directory.
-func isLocal(host string) bool {
+// checkPoolSettings refuses pgxpool settings (pool_* in the URL) the pool
+// cannot run with: pgxpool would panic on a health check period that is not
+// positive (time.NewTicker), and reads negative times and counts as nonsense.
+func checkPoolSettings(cfg *pgxpool.Config) error {
+	bad := func(name, want string, got any) error {
+		return fmt.Errorf("database URL sets %s to %v: it must be %s", name, got, want)
+	}
 	switch {
-	case strings.HasPrefix(host, "/"), host == "localhost", strings.HasSuffix(host, ".localhost"):
+	case cfg.HealthCheckPeriod <= 0:
+		return bad("pool_health_check_period", "positive", cfg.HealthCheckPeriod)
+	case cfg.MaxConnLifetime < 0:
+		return bad("pool_max_conn_lifetime", "0 or more", cfg.MaxConnLifetime)
+	case cfg.MaxConnLifetimeJitter < 0:
+		return bad("pool_max_conn_lifetime_jitter", "0 or more", cfg.MaxConnLifetimeJitter)
+	case cfg.MaxConnIdleTime < 0:
+		return bad("pool_max_conn_idle_time", "0 or more", cfg.MaxConnIdleTime)
+	case cfg.PingTimeout < 0:
+		return bad("pool_ping_timeout", "0 or more", cfg.PingTimeout)
+	case cfg.MinConns < 0 || cfg.MinConns > cfg.MaxConns:
+		return bad("pool_min_conns", fmt.Sprintf("0 to the pool size (DATABASE_MAX_CONNS, %d)", cfg.MaxConns), cfg.MinConns)
+	case cfg.MinIdleConns < 0 || cfg.MinIdleConns > cfg.MaxConns:
+		return bad("pool_min_idle_conns", fmt.Sprintf("0 to the pool size (DATABASE_MAX_CONNS, %d)", cfg.MaxConns), cfg.MinIdleConns)
+	}
+	return nil
+}
+
+// isLocal reports whether host can only be this machine: a loopback
+// address, "localhost" (which Go's resolver and glibc answer from the hosts
+// file) or a Unix socket directory. Other names, *.localhost among them, are
+// asked of DNS, which may answer with any address.
+func isLocal(host string) bool {
+	if strings.HasPrefix(host, "/") || host == "localhost" {
 		return true
 	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// attempts returns every host a connection may try: the first and each
+// fallback of a multi-host string (and the plaintext retry of sslmode=prefer).
+func attempts(cc *pgx.ConnConfig) []*pgconn.FallbackConfig {
+	return append([]*pgconn.FallbackConfig{{Host: cc.Host, Port: cc.Port, TLSConfig: cc.TLSConfig}}, cc.Fallbacks...)
 }
 
 // everyHostVerified reports whether every host a connection may reach — the
@@ -158,9 +254,7 @@ func isLocal(host string) bool {
 // server's certificate and name (sslmode=verify-full: no plaintext fallback,
 // no skipped verification). When not, it returns the first host at fault.
 func everyHostVerified(cc *pgx.ConnConfig) (string, bool) {
-	attempts := []*pgconn.FallbackConfig{{Host: cc.Host, Port: cc.Port, TLSConfig: cc.TLSConfig}}
-	attempts = append(attempts, cc.Fallbacks...)
-	for _, a := range attempts {
+	for _, a := range attempts(cc) {
 		if isLocal(a.Host) {
 			continue
 		}
@@ -174,42 +268,64 @@ func everyHostVerified(cc *pgx.ConnConfig) (string, bool) {
 // CheckRootCert reports, naming the file, why path is not a usable CA bundle
 // for Config.SSLRootCert.
 func CheckRootCert(path string) error {
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("database CA bundle: %w", err)
-	}
-	if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-		return fmt.Errorf("database CA bundle %s holds no PEM certificate", path)
-	}
-	return nil
+	_, err := rootCerts(path)
+	return err
 }
 
-// withVerifyFull returns connString with sslmode=verify-full and sslrootcert
-// set to path, replacing any value it had, in either of the two forms
-// PostgreSQL connection strings take.
-func withVerifyFull(connString, path string) (string, error) {
-	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") {
-		u, err := url.Parse(connString)
-		if err != nil {
-			return "", errors.New("database URL is not a valid PostgreSQL connection string")
-		}
-		q := u.Query()
-		q.Set("sslmode", "verify-full")
-		q.Set("sslrootcert", path)
-		// pgconn unescapes the query as a path: a space must be %20, not
-		// the + that Encode writes (a literal + is already %2B).
-		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
-		return u.String(), nil
+func rootCerts(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("database CA bundle: %w", err)
 	}
-	// Keyword/value form: a later keyword overrides an earlier one.
-	quoted := strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(path)
-	return connString + " sslmode=verify-full sslrootcert='" + quoted + "'", nil
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("database CA bundle %s holds no PEM certificate", path)
+	}
+	return roots, nil
+}
+
+// verifyFull makes every attempt of cc verify the server's certificate
+// against roots and its name against the host (sslmode=verify-full), on the
+// configuration pgx parsed, so that nothing else the connection string says
+// changes. The plaintext attempts of sslmode=prefer or allow go, and so does
+// the second attempt at the same host they leave; Unix sockets keep no TLS,
+// as pgx gives them none.
+func verifyFull(cc *pgx.ConnConfig, roots *x509.CertPool) {
+	var template *tls.Config // client certificates, sslnegotiation=direct
+	for _, a := range attempts(cc) {
+		if a.TLSConfig != nil {
+			template = a.TLSConfig
+			break
+		}
+	}
+	var out []*pgconn.FallbackConfig
+	seen := map[string]bool{}
+	for _, a := range attempts(cc) {
+		endpoint := net.JoinHostPort(a.Host, strconv.Itoa(int(a.Port)))
+		if seen[endpoint] {
+			continue
+		}
+		seen[endpoint] = true
+		f := &pgconn.FallbackConfig{Host: a.Host, Port: a.Port}
+		if network, _ := pgconn.NetworkAddress(a.Host, a.Port); network != "unix" {
+			t := &tls.Config{}
+			if template != nil {
+				t = template.Clone()
+			}
+			t.InsecureSkipVerify, t.VerifyPeerCertificate, t.VerifyConnection = false, nil, nil
+			t.RootCAs, t.ServerName = roots, a.Host
+			f.TLSConfig = t
+		}
+		out = append(out, f)
+	}
+	cc.Host, cc.Port, cc.TLSConfig = out[0].Host, out[0].Port, out[0].TLSConfig
+	cc.Fallbacks = out[1:]
 }
 
 // Open validates c and creates a pool. It does not connect: the first query
 // does. awsCfg is needed only with SecretARN or IAMAuth.
 func Open(ctx context.Context, c Config, awsCfg *aws.Config) (*pgxpool.Pool, error) {
-	cfg, err := c.PoolConfig()
+	cfg, named, err := c.poolConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -219,11 +335,11 @@ func Open(ctx context.Context, c Config, awsCfg *aws.Config) (*pgxpool.Pool, err
 	switch {
 	case c.SecretARN != "":
 		src := &secretSource{
-			arn:          c.SecretARN,
-			ttl:          cmp.Or(c.SecretTTL, 5*time.Minute),
-			minRefetch:   cmp.Or(c.SecretMinRefetch, 5*time.Second),
-			client:       secretsmanager.NewFromConfig(*awsCfg),
-			overrideHost: c.URL != "",
+			arn:        c.SecretARN,
+			ttl:        cmp.Or(c.SecretTTL, 5*time.Minute),
+			minRefetch: cmp.Or(c.SecretMinRefetch, 5*time.Second),
+			client:     secretsmanager.NewFromConfig(*awsCfg),
+			fromURL:    named,
 		}
 		cfg.BeforeConnect = src.beforeConnect
 	case c.IAMAuth:

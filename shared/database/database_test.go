@@ -105,7 +105,8 @@ func TestSSLRootCertVerifiesEveryHostAgainstTheBundle(t *testing.T) {
 	for _, c := range []database.Config{
 		{SecretARN: "arn:aws:secretsmanager:eu-west-1:1:secret:db", SSLRootCert: path},
 		{URL: "postgres://u@db.example.com,db2.example.com/app", SSLRootCert: path},
-		{URL: "postgres://u@db.example.com/app?sslmode=require&sslrootcert=/elsewhere.pem", SSLRootCert: path},
+		{URL: "postgres://u@db.example.com/app?sslmode=require", SSLRootCert: path},
+		{URL: "postgres://u@db.example.com/app?sslmode=prefer", SSLRootCert: path},
 		{URL: "host=db.example.com user=u sslmode=disable", SSLRootCert: path},
 	} {
 		cfg, err := c.PoolConfig()
@@ -120,7 +121,11 @@ func TestSSLRootCertVerifiesEveryHostAgainstTheBundle(t *testing.T) {
 		}
 	}
 
-	_, err := database.Config{SecretARN: "arn:x", SSLRootCert: filepath.Join(t.TempDir(), "missing.pem")}.PoolConfig()
+	// Two bundles are one too many: neither silently wins.
+	_, err := database.Config{URL: "postgres://u@db.example.com/app?sslrootcert=/elsewhere.pem", SSLRootCert: path}.PoolConfig()
+	require.ErrorContains(t, err, "keep one")
+
+	_, err = database.Config{SecretARN: "arn:x", SSLRootCert: filepath.Join(t.TempDir(), "missing.pem")}.PoolConfig()
 	require.ErrorContains(t, err, "missing.pem")
 	notPEM := filepath.Join(t.TempDir(), "bundle.pem")
 	require.NoError(t, os.WriteFile(notPEM, []byte("not a certificate"), 0o600))

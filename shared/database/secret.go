@@ -1,10 +1,13 @@
 package database
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -42,11 +45,11 @@ func (r rdsSecret) sameCredentials(o rdsSecret) bool {
 // pool connection (pools here are 2 to 4 connections that live for an hour),
 // never more than one.
 type secretSource struct {
-	arn          string
-	ttl          time.Duration
-	minRefetch   time.Duration
-	client       *secretsmanager.Client
-	overrideHost bool // DATABASE_URL names the host (an RDS Proxy endpoint)
+	arn        string
+	ttl        time.Duration
+	minRefetch time.Duration
+	client     *secretsmanager.Client
+	fromURL    settingsNamed // what DATABASE_URL names itself (an RDS Proxy endpoint, say)
 
 	mu        sync.Mutex
 	secret    rdsSecret
@@ -138,41 +141,85 @@ func (s *secretSource) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) er
 	return s.apply(cc, next)
 }
 
-// apply fills cc with the credentials, and unless DATABASE_URL names the
-// endpoint, the host, port and database of sec.
+// apply fills cc with the credentials of sec, and with whichever of host,
+// port and database DATABASE_URL does not name: the host when the URL names
+// none, the port when it names neither host nor port (a proxy's port is not
+// the instance's), the database when it names none. A secret whose port or
+// host is not one is refused whether or not it is used; the message holds no
+// value of the secret.
 func (s *secretSource) apply(cc *pgx.ConnConfig, sec rdsSecret) error {
+	port, hasPort, err := parsePort(sec.Port)
+	if err != nil {
+		return err
+	}
 	cc.User, cc.Password = sec.Username, sec.Password
-	if !s.overrideHost {
-		if sec.Host == "" {
-			return errors.New("database secret names no host: set DATABASE_URL to the endpoint")
-		}
-		cc.Host = sec.Host
-		switch {
-		case isLocal(sec.Host):
-			cc.TLSConfig = nil // a local server (a test rig) need not speak TLS
-		case cc.TLSConfig != nil:
-			cc.TLSConfig = cc.TLSConfig.Clone()
-			cc.TLSConfig.ServerName = sec.Host
-		}
-		if port, err := parsePort(sec.Port); err == nil {
-			cc.Port = port
-		}
-		if sec.DBName != "" {
-			cc.Database = sec.DBName
-		}
+	if !s.fromURL.database() && sec.DBName != "" {
+		cc.Database = sec.DBName
+	}
+	if s.fromURL.host() {
+		return nil
+	}
+	switch {
+	case sec.Host == "":
+		return errors.New("database secret names no host: set DATABASE_URL to the endpoint")
+	case !plausibleHost(sec.Host):
+		return errors.New("database secret has an invalid host")
+	}
+	if s.fromURL.port() || !hasPort {
+		port = cc.Port
+	}
+	// Every attempt of the placeholder (one host; two under sslmode=prefer
+	// or allow) now goes to the secret's host.
+	cc.Host, cc.Port = sec.Host, port
+	if isLocal(sec.Host) {
+		// A local server (a test rig) need not speak TLS.
+		cc.TLSConfig, cc.Fallbacks = nil, nil
+		return nil
+	}
+	cc.TLSConfig = withServerName(cc.TLSConfig, sec.Host)
+	for _, f := range cc.Fallbacks {
+		f.Host, f.Port, f.TLSConfig = sec.Host, port, withServerName(f.TLSConfig, sec.Host)
 	}
 	return nil
 }
 
-func parsePort(raw json.RawMessage) (uint16, error) {
-	var n uint16
-	if err := json.Unmarshal(raw, &n); err == nil && n > 0 {
-		return n, nil
+func withServerName(t *tls.Config, host string) *tls.Config {
+	if t == nil {
+		return nil
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return 0, errors.New("no port")
+	t = t.Clone()
+	t.ServerName = host
+	return t
+}
+
+// errSecretPort is the error for a secret whose port is not one.
+var errSecretPort = errors.New("database secret has an invalid port (want a number or a decimal string, 1 to 65535)")
+
+// parsePort reads the port of an RDS secret: a JSON number or a string of
+// decimal digits, 1 to 65535. ok is false when the secret has none (absent
+// or null).
+func parsePort(raw json.RawMessage) (port uint16, ok bool, err error) {
+	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		return 0, false, nil
 	}
-	_, err := fmt.Sscanf(s, "%d", &n)
-	return n, err
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return 0, false, errSecretPort
+	}
+	var text string
+	switch v := v.(type) {
+	case json.Number:
+		text = v.String()
+	case string:
+		text = v
+	default:
+		return 0, false, errSecretPort
+	}
+	n, err := strconv.ParseUint(text, 10, 16)
+	if err != nil || n == 0 {
+		return 0, false, errSecretPort
+	}
+	return uint16(n), true, nil
 }

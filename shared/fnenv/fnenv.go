@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -84,23 +85,34 @@ func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Wri
 // cold start (BENCHMARKS.md, measurement 5); the lookup function is on a
 // payment's path. Missing settings fail the function's init with a clear
 // line rather than its first connection.
-func AWSConfig(getenv func(string) string) (aws.Config, error) {
-	region := getenv("AWS_REGION")
-	if region == "" {
-		region = getenv("AWS_DEFAULT_REGION")
+func AWSConfig(getenv func(string) string) (c aws.Config, err error) {
+	// Read trimmed, as settings reads every variable, and a variable set to
+	// blanks alone is refused: the message names it and never holds a value.
+	get := func(name string) string {
+		v := strings.TrimSpace(getenv(name))
+		if v == "" && getenv(name) != "" && err == nil {
+			err = fmt.Errorf("%s is set to blanks only: unset it or give it a value", name)
+		}
+		return v
 	}
-	id, secret := getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_SECRET_ACCESS_KEY")
+	region := get("AWS_REGION")
+	if region == "" {
+		region = get("AWS_DEFAULT_REGION")
+	}
+	id, secret, token, endpoint := get("AWS_ACCESS_KEY_ID"), get("AWS_SECRET_ACCESS_KEY"), get("AWS_SESSION_TOKEN"), get("AWS_ENDPOINT_URL")
 	switch {
+	case err != nil:
+		return aws.Config{}, err
 	case region == "":
 		return aws.Config{}, errors.New("AWS_REGION is not set (the Lambda runtime sets it)")
 	case id == "" || secret == "":
 		return aws.Config{}, errors.New("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must both be set (the Lambda runtime sets them from the function's role)")
 	}
-	c := aws.Config{
+	c = aws.Config{
 		Region:      region,
-		Credentials: credentials.NewStaticCredentialsProvider(id, secret, getenv("AWS_SESSION_TOKEN")),
+		Credentials: credentials.NewStaticCredentialsProvider(id, secret, token),
 	}
-	if endpoint := getenv("AWS_ENDPOINT_URL"); endpoint != "" {
+	if endpoint != "" {
 		c.BaseEndpoint = aws.String(endpoint)
 	}
 	return c, nil

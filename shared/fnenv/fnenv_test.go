@@ -99,3 +99,53 @@ func TestLoadConnectsThroughASecretAtTheConfiguredEndpoint(t *testing.T) {
 	_, err = fnenv.Load(context.Background(), lookupIn(map[string]string{"DATABASE_SECRET_ARN": arn, "AWS_REGION": "eu-west-1"}), io.Discard, io.Discard)
 	require.ErrorContains(t, err, "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must both be set")
 }
+
+// The AWS variables are read as settings reads every variable: trimmed, and
+// refused when set to blanks alone, naming the variable and never a value.
+func TestAWSVariablesAreTrimmedAndBlanksRefused(t *testing.T) {
+	t.Parallel()
+	c, err := fnenv.AWSConfig(lookupIn(map[string]string{
+		"AWS_REGION": "eu-west-1 ", "AWS_ACCESS_KEY_ID": " ASIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-example\n",
+		"AWS_SESSION_TOKEN": "\ttoken-example", "AWS_ENDPOINT_URL": " http://localhost:4566 ",
+	}))
+	require.NoError(t, err)
+	require.Equal(t, "eu-west-1", c.Region)
+	require.Equal(t, "http://localhost:4566", *c.BaseEndpoint)
+	creds, err := c.Credentials.Retrieve(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "ASIAEXAMPLE", creds.AccessKeyID)
+	require.Equal(t, "wJalrXUtnFEMI-example", creds.SecretAccessKey)
+	require.Equal(t, "token-example", creds.SessionToken)
+
+	good := map[string]string{
+		"AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "ASIAEXAMPLE",
+		"AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-example", "AWS_SESSION_TOKEN": "token-example",
+	}
+	for _, name := range []string{"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"} {
+		vars := map[string]string{}
+		for k, v := range good {
+			vars[k] = v
+		}
+		vars[name] = " \t"
+		if name == "AWS_DEFAULT_REGION" {
+			delete(vars, "AWS_REGION")
+		}
+		_, err := fnenv.AWSConfig(lookupIn(vars))
+		require.ErrorContains(t, err, name+" is set to blanks only", name)
+		require.NotContains(t, err.Error(), "wJalrXUtnFEMI", name)
+		require.NotContains(t, err.Error(), "token-example", name)
+	}
+}
+
+// A function's init error goes to CloudWatch Logs: a DATABASE_URL whose
+// password holds an unescaped '@' is refused without a word of the password,
+// which pgx would otherwise read partly as the host.
+func TestTheInitErrorNeverCarriesThePassword(t *testing.T) {
+	t.Parallel()
+	_, err := fnenv.Load(context.Background(), lookupIn(map[string]string{
+		"DATABASE_URL": "postgres://sweeper:Xy@9kLmNpQ@10.0.0.5:5432/archive",
+	}), io.Discard, io.Discard)
+	require.ErrorContains(t, err, "DATABASE_URL")
+	require.ErrorContains(t, err, "percent-encode")
+	require.NotContains(t, err.Error(), "9kLmNpQ")
+}

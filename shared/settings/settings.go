@@ -11,6 +11,7 @@ package settings
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -58,27 +59,27 @@ type Variable struct {
 
 // Variables lists every variable FromEnv reads.
 var Variables = []Variable{
-	{"DATABASE_URL", "(required)", "PostgreSQL connection string; add search_path=... to use a schema other than public"},
+	{"DATABASE_URL", "(required unless DATABASE_SECRET_ARN)", "PostgreSQL connection string; add search_path=... to use a schema other than public; percent-encode @ / : ? # in the user name and password; with DATABASE_SECRET_ARN it may name the host (then its port, default 5432, is used too), the port, the database and options, and the secret supplies the rest"},
 	{"DATABASE_SECRET_ARN", "", "Secrets Manager secret with the RDS-generated JSON (username, password, host, port, dbname); refetched every 5 minutes, and at once (at most every 5 seconds) when a new connection is refused its password after a rotation"},
 	{"DATABASE_IAM_AUTH", "false", "mint an RDS IAM auth token for every new connection (RDS Proxy); DATABASE_URL names host, port, user, database"},
 	{"DATABASE_INSECURE_TLS", "false", "allow a non-local host without sslmode=verify-full (test rigs only); every host of a multi-host DATABASE_URL is checked"},
-	{"DATABASE_SSL_ROOT_CERT", "", "path of a PEM CA bundle (the RDS global-bundle.pem) for direct connections: every connection uses sslmode=verify-full with it as sslrootcert, overriding both in DATABASE_URL"},
+	{"DATABASE_SSL_ROOT_CERT", "", "path of a PEM CA bundle (the RDS global-bundle.pem) for direct connections: every connection (every host) uses sslmode=verify-full with it, whatever sslmode DATABASE_URL gives; a DATABASE_URL that sets sslrootcert too is refused"},
 	{"DATABASE_MAX_CONNS", "4 (2 in Lambda)", "connection pool size, 1 to 1000"},
 	{"DATABASE_EXEC_MODE", "cache_statement", "statement execution mode: cache_statement, cache_describe, describe_exec, exec, simple_protocol (exec or simple_protocol behind RDS Proxy)"},
 	{"METRICS_NAMESPACE", metrics.DefaultNamespace, "CloudWatch namespace of the EMF metrics: 1 to 255 of A-Z a-z 0-9 . - _ / # :, not starting with : or AWS/"},
-	{"LIVE_TTL", "24h", "how long the live store keeps a key"},
-	{"MAX_LIVE_TTL", "168h", "longest TTL any writer has used; bounds the partitions an investigation reads"},
+	{"LIVE_TTL", "24h", "how long the live store keeps a key; at least 1s, whole milliseconds"},
+	{"MAX_LIVE_TTL", "max(168h, LIVE_TTL)", "longest TTL any writer has used; bounds the partitions an investigation reads; at least LIVE_TTL, whole milliseconds"},
 	{"ARCHIVE_STATEMENT_TIMEOUT", "3s", "statement_timeout of each archive lookup and investigation query, shortened to end before the invocation's deadline; whole milliseconds, 1ms to 15m"},
-	{"CLOCK_SKEW", "5m", "how far ahead of the store's clock a ULID/UUIDv7 key's timestamp may lie; 0 to 1h, 0 allows none; a key further ahead is answered from the archive or refused with 400"},
+	{"CLOCK_SKEW", "5m", "how far ahead of the store's clock a ULID/UUIDv7 key's timestamp may lie; 0 to 1h, whole milliseconds, 0 allows none; a key further ahead is answered from the archive or refused with 400"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
-	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 to 15m; 0 means no pause"},
+	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 or 1ms to 15m; 0 means no pause"},
 	{"SWEEP_IN_FLIGHT_GRACE", "15m", "how long past its expiry a key still in flight stays live before it is archived as expired in flight, 0 to 24h; 0 means none"},
 	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch; whole milliseconds, 1ms to 15m"},
 	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 1ms to 15m"},
-	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s", "no batch starts when the invocation deadline is closer than this"},
+	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s, at most 14m59s", "no batch starts when the invocation deadline is closer than this; whole milliseconds, at least SWEEP_STATEMENT_TIMEOUT and under 15m"},
 	{"SWEEP_RESOURCE_ID_PATH", "id", "dotted JSON path of the resource id in the stored response"},
 	{"SWEEP_MISSING_PARTITION", "create", "create: make a missing month's partition and retry; fail: stop with an error naming the month"},
-	{"PARTITION_LEAD_MONTHS", "3", "months ahead of the current one that must have partitions (at least 2)"},
+	{"PARTITION_LEAD_MONTHS", "3", "months ahead of the current one that must have partitions, 2 to 120"},
 	{"PARTITION_RETENTION_MONTHS", "0", "whole months kept before the current one, at most 1200; 0 keeps the archive forever"},
 	{"PARTITION_LOCK_TIMEOUT", "5s", "lock_timeout of partition DDL; whole milliseconds, 1ms to 15m"},
 	{"PARTITION_STATEMENT_TIMEOUT", "2m", "statement_timeout of partition DDL; whole milliseconds, 1ms to 15m"},
@@ -113,11 +114,11 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		MetricsNamespace: getenv("METRICS_NAMESPACE"),
 		Sweep: sweep.Config{
 			BatchSize:        r.positiveInt("SWEEP_BATCH_SIZE"),
-			Pause:            r.durationOr("SWEEP_PAUSE", sweep.DefaultPause),
+			Pause:            r.pause("SWEEP_PAUSE", sweep.DefaultPause),
 			InFlightGrace:    r.durationOr("SWEEP_IN_FLIGHT_GRACE", sweep.DefaultInFlightGrace),
 			LockTimeout:      r.positiveDuration("SWEEP_LOCK_TIMEOUT"),
 			StatementTimeout: r.positiveDuration("SWEEP_STATEMENT_TIMEOUT"),
-			DeadlineMargin:   r.positiveDuration("SWEEP_DEADLINE_MARGIN"),
+			DeadlineMargin:   r.wholeMilliseconds(r.positiveDuration, "SWEEP_DEADLINE_MARGIN"),
 			ResourceIDPath:   getenv("SWEEP_RESOURCE_ID_PATH"),
 		},
 		Partitions: partition.Config{
@@ -127,13 +128,17 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 			StatementTimeout: r.positiveDuration("PARTITION_STATEMENT_TIMEOUT"),
 		},
 		Archive: archive.Config{
-			LiveTTL:    r.positiveDuration("LIVE_TTL"),
-			MaxLiveTTL: r.positiveDuration("MAX_LIVE_TTL"),
+			// Both are counted in whole milliseconds where keys are
+			// written (the live store's TTL and the writers' record).
+			LiveTTL:    r.wholeMilliseconds(r.positiveDuration, "LIVE_TTL"),
+			MaxLiveTTL: r.wholeMilliseconds(r.positiveDuration, "MAX_LIVE_TTL"),
 			// Zero would only mean the default: refused when set.
 			StatementTimeout: r.positiveDuration("ARCHIVE_STATEMENT_TIMEOUT"),
 		},
 		PartitionCompactPerRun: r.intOr("PARTITION_COMPACT_PER_RUN", DefaultPartitionCompactPerRun),
-		ClockSkew:              r.durationOr("CLOCK_SKEW", keytime.DefaultClockSkew),
+		ClockSkew: r.wholeMilliseconds(func(name string) time.Duration {
+			return r.durationOr(name, keytime.DefaultClockSkew)
+		}, "CLOCK_SKEW"),
 	}
 	if getenv("SKIP_MARGIN") != "" {
 		r.fail("SKIP_MARGIN", errors.New("was removed: the archive skip no longer needs a margin (it is proven from the TTLs and skews writers record); unset it"))
@@ -151,19 +156,17 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 	if r.err != nil {
 		return s, r.err
 	}
-	if p := s.Database.SSLRootCert; p != "" {
-		if err := database.CheckRootCert(p); err != nil {
-			return s, fmt.Errorf("DATABASE_SSL_ROOT_CERT: %w", err)
-		}
-	}
 	if _, err := s.Database.PoolConfig(); err != nil {
-		return s, err
+		return s, fmt.Errorf("%s: %w", databaseVariable(err), err)
 	}
 	if err := metrics.ValidateNamespace(s.MetricsNamespace); err != nil {
 		return s, fmt.Errorf("METRICS_NAMESPACE: %w", err)
 	}
 	if err := s.Sweep.WithDefaults().Validate(); err != nil {
 		return s, fmt.Errorf("%s: %w", sweepVariable(err), err)
+	}
+	if err := checkDeadlineMargin(s.Sweep.WithDefaults(), getenv("SWEEP_DEADLINE_MARGIN") != ""); err != nil {
+		return s, err
 	}
 	compacting := s.Partitions
 	compacting.CompactPerRun = s.PartitionCompactPerRun
@@ -196,6 +199,48 @@ func databaseMaxConns(r *reader) int32 {
 		return 0
 	}
 	return int32(n)
+}
+
+// checkDeadlineMargin refuses a deadline margin shorter than the statement
+// timeout. The margin is how close to the invocation's deadline a batch may
+// still start (sweep.go's shouldStop; a pause and a partition creation also
+// end where it begins), and a batch runs for up to the statement timeout: a
+// shorter margin lets a batch start that the Lambda timeout then kills,
+// losing the run's summary and its metrics. The default, the statement
+// timeout + 5s capped at sweep.MaxInvocation - 1s, falls short only when the
+// statement timeout is over that cap; then the statement timeout is at fault.
+func checkDeadlineMargin(c sweep.Config, marginSet bool) error {
+	if c.DeadlineMargin >= c.StatementTimeout {
+		return nil
+	}
+	if marginSet {
+		return fmt.Errorf("SWEEP_DEADLINE_MARGIN: must be at least SWEEP_STATEMENT_TIMEOUT (%s), so that a batch that starts has time to finish before the invocation ends; got %s",
+			c.StatementTimeout, c.DeadlineMargin)
+	}
+	return fmt.Errorf("SWEEP_STATEMENT_TIMEOUT: %s is longer than the default deadline margin (%s: the statement timeout + 5s, capped under %s), so a batch could start that the invocation's end kills; use at most %s, or set SWEEP_DEADLINE_MARGIN",
+		c.StatementTimeout, c.DeadlineMargin, sweep.MaxInvocation, c.DeadlineMargin)
+}
+
+// databaseVariable names the variable behind a database.Config error.
+func databaseVariable(err error) string {
+	var ce *database.ConfigError
+	if errors.As(err, &ce) {
+		switch ce.Field {
+		case "URL":
+			return "DATABASE_URL"
+		case "SecretARN":
+			return "DATABASE_SECRET_ARN"
+		case "IAMAuth":
+			return "DATABASE_IAM_AUTH"
+		case "SSLRootCert":
+			return "DATABASE_SSL_ROOT_CERT"
+		case "MaxConns":
+			return "DATABASE_MAX_CONNS"
+		case "ExecMode":
+			return "DATABASE_EXEC_MODE"
+		}
+	}
+	return "DATABASE_*"
 }
 
 // sweepVariable names the variable behind a sweep.Config error.
@@ -275,7 +320,10 @@ func (r *reader) int(name string) int {
 		return 0
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil {
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		r.fail(name, errors.New("out of range: "+strconv.Quote(v)))
+	case err != nil:
 		r.fail(name, errors.New("not a whole number: "+strconv.Quote(v)))
 	}
 	return n
@@ -337,9 +385,42 @@ func (r *reader) duration(name string) time.Duration {
 	if v == "" {
 		return 0
 	}
-	d, err := time.ParseDuration(strings.TrimSpace(v))
-	if err != nil {
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil && durationSyntax.MatchString(v):
+		// Well formed, so too long for a time.Duration.
+		r.fail(name, errors.New("out of range: "+strconv.Quote(v)))
+	case err != nil:
 		r.fail(name, errors.New("not a duration such as 200ms, 30s or 24h: "+strconv.Quote(v)))
+	case d == 0 && strings.ContainsAny(v, "123456789"):
+		// "0.0000001ms" parses to 0: a value set is never silently zero.
+		r.fail(name, errors.New("is not 0 but shorter than a nanosecond: "+strconv.Quote(v)))
+	}
+	return d
+}
+
+// durationSyntax is what time.ParseDuration accepts, whatever the size.
+var durationSyntax = regexp.MustCompile(`^[-+]?(0|((\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h))+)$`)
+
+// wholeMilliseconds is read(name), refused when it is not a whole number of
+// milliseconds: the durations read through it are counted in milliseconds
+// where they are used, and would be cut short there without a word.
+func (r *reader) wholeMilliseconds(read func(string) time.Duration, name string) time.Duration {
+	d := read(name)
+	if d%time.Millisecond != 0 && r.err == nil {
+		down := d.Truncate(time.Millisecond)
+		r.fail(name, fmt.Errorf("must be a whole number of milliseconds, got %s: use %s or %s", d, down, down+time.Millisecond))
+	}
+	return d
+}
+
+// pause is durationOr for SWEEP_PAUSE: 0 is no pause, and a pause under a
+// millisecond (600µs, 0.5ms: a slip of the unit, next to database round
+// trips of a millisecond or more) is refused rather than kept or read as 0.
+func (r *reader) pause(name string, def time.Duration) time.Duration {
+	d := r.durationOr(name, def)
+	if d > 0 && d < time.Millisecond && r.err == nil {
+		r.fail(name, fmt.Errorf("must be 0 (no pause) or at least 1ms, got %s", d))
 	}
 	return d
 }

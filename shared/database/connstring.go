@@ -1,0 +1,228 @@
+package database
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+)
+
+// errAmbiguousURL is the one message for a connection string whose parts
+// cannot be told apart with certainty. pgx, like libpq, ends the user and
+// password at the first '@' (and the whole authority at the first '/'), so an
+// unescaped '@' or '/' in a password moves the rest of it into the host or
+// the database name, where errors, logs and DNS lookups would carry it. The
+// message therefore echoes nothing of the string.
+var errAmbiguousURL = errors.New("database URL is ambiguous (its host or database name would hold part of the user name or password): percent-encode @ / : ? # in the user name and password as %40 %2F %3A %3F %23")
+
+// settingsNamed reports which settings a connection string names itself, by
+// canonical key ("host", "hostaddr", "port", "database", "sslmode", "ssl",
+// "sslrootcert", ...), as pgx would read them: in a URL the netloc, the path
+// and the query; in keyword/value form the keywords. hasQuery reports a URL
+// with a query part. It reads structure only; pgx parses the values.
+type settingsNamed struct {
+	keys     map[string]bool
+	isURL    bool
+	hasQuery bool
+}
+
+func (n settingsNamed) host() bool     { return n.keys["host"] || n.keys["hostaddr"] }
+func (n settingsNamed) port() bool     { return n.keys["port"] }
+func (n settingsNamed) database() bool { return n.keys["database"] }
+func (n settingsNamed) sslmode() bool  { return n.keys["sslmode"] || n.keys["ssl"] }
+
+func isURL(connString string) bool {
+	return strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://")
+}
+
+// namedSettings scans connString the way pgx's parsers do (which follow
+// libpq) and reports the settings it names. A URL whose authority holds more
+// than one '@' is refused with errAmbiguousURL.
+func namedSettings(connString string) (settingsNamed, error) {
+	n := settingsNamed{keys: map[string]bool{}}
+	if !isURL(connString) {
+		return n, scanKeywords(connString, n.keys)
+	}
+	n.isURL = true
+	p, ok := strings.CutPrefix(connString, "postgresql://")
+	if !ok {
+		p, _ = strings.CutPrefix(connString, "postgres://")
+	}
+	// Only a '/' ends the authority; a second '@' in it means the user
+	// name or password holds one unescaped.
+	authority := p
+	if i := strings.IndexByte(p, '/'); i >= 0 {
+		authority = p[:i]
+	}
+	if strings.Count(authority, "@") > 1 {
+		return n, errAmbiguousURL
+	}
+	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
+		p = p[i+1:]
+	}
+	end := strings.IndexAny(p, "/?")
+	if end < 0 {
+		end = len(p)
+	}
+	for _, spec := range strings.Split(p[:end], ",") {
+		host, port := spec, ""
+		if strings.HasPrefix(spec, "[") {
+			if i := strings.IndexByte(spec, ']'); i >= 0 {
+				host, port = spec[:i+1], strings.TrimPrefix(spec[i+1:], ":")
+			}
+		} else if i := strings.IndexByte(spec, ':'); i >= 0 {
+			host, port = spec[:i], spec[i+1:]
+		}
+		if strings.TrimSpace(host) != "" {
+			n.keys["host"] = true
+		}
+		if strings.TrimSpace(port) != "" {
+			n.keys["port"] = true
+		}
+	}
+	p = p[end:]
+	if rest, ok := strings.CutPrefix(p, "/"); ok {
+		db := rest
+		p = ""
+		if i := strings.IndexByte(rest, '?'); i >= 0 {
+			db, p = rest[:i], rest[i:]
+		}
+		if db != "" {
+			n.keys["database"] = true
+		}
+	}
+	if query, ok := strings.CutPrefix(p, "?"); ok {
+		n.hasQuery = true
+		for _, pair := range strings.Split(query, "&") {
+			key, _, _ := strings.Cut(pair, "=")
+			n.keys[canonicalKey(percentDecode(strings.TrimSpace(key)))] = true
+		}
+	}
+	return n, nil
+}
+
+// scanKeywords records the keywords of a keyword/value connection string,
+// skipping values (quoted or not, with backslash escapes) as pgx does.
+func scanKeywords(s string, keys map[string]bool) error {
+	const space = " \t\n\r\v\f"
+	s = strings.TrimLeft(s, space)
+	for s != "" {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return errors.New("database URL is not a valid PostgreSQL connection string")
+		}
+		keys[canonicalKey(strings.Trim(s[:eq], space))] = true
+		s = strings.TrimLeft(s[eq+1:], space)
+		quoted := strings.HasPrefix(s, "'")
+		if quoted {
+			s = s[1:]
+		}
+		end := 0
+		for ; end < len(s); end++ {
+			if s[end] == '\\' {
+				end++
+				continue
+			}
+			if (quoted && s[end] == '\'') || (!quoted && strings.IndexByte(space, s[end]) >= 0) {
+				break
+			}
+		}
+		if quoted {
+			end++ // the closing quote
+		}
+		s = strings.TrimLeft(s[min(end, len(s)):], space)
+	}
+	return nil
+}
+
+func canonicalKey(k string) string {
+	if k == "dbname" {
+		return "database"
+	}
+	return k
+}
+
+// percentDecode decodes %XX sequences; anything malformed is left for pgx's
+// parser to refuse.
+func percentDecode(s string) string {
+	if !strings.Contains(s, "%") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			hi, ok1 := unhex(s[i+1])
+			lo, ok2 := unhex(s[i+2])
+			if ok1 && ok2 {
+				b.WriteByte(hi<<4 | lo)
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// secretPlaceholderHost stands for the secret's host until the first
+// connection fetches it. It is not local, so the TLS rule applies to it.
+const secretPlaceholderHost = "secret.invalid"
+
+// withSecretHost returns connString naming the placeholder host, and
+// sslmode=verify-full unless it names an sslmode itself, for a connection
+// whose host comes from the secret. Nothing already in connString changes:
+// a keyword/value string gets the settings in front (a later keyword wins),
+// a URL gets them appended to its query, where pgx reads them last, and only
+// those it does not name.
+func withSecretHost(connString string, n settingsNamed) string {
+	if connString == "" {
+		return "host=" + secretPlaceholderHost + " sslmode=verify-full"
+	}
+	if !n.isURL {
+		return "host=" + secretPlaceholderHost + " sslmode=verify-full " + connString
+	}
+	add := "host=" + secretPlaceholderHost
+	if !n.sslmode() {
+		add += "&sslmode=verify-full"
+	}
+	switch {
+	case !n.hasQuery:
+		return connString + "?" + add
+	case strings.HasSuffix(connString, "?"), strings.HasSuffix(connString, "&"):
+		return connString + add
+	}
+	return connString + "&" + add
+}
+
+// plausibleHost reports whether host can be a host at all: a Unix socket
+// directory, an IP address, or a DNS name. A host parsed out of a URL with an
+// unescaped '@' in its password is none of these, and is never printed.
+func plausibleHost(host string) bool {
+	switch {
+	case host == "" || len(host) > 253:
+		return false
+	case strings.HasPrefix(host, "/"):
+		return true
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	for _, c := range []byte(host) {
+		ok := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
