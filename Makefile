@@ -182,7 +182,7 @@ bin/archivebench:
 FUZZTIME ?= 30s
 # Targets after FUZZ_DB_TARGETS compare with PostgreSQL (a throwaway one).
 FUZZ_TARGETS := FuzzFromKey:./shared/keytime FuzzCursor:./shared/archive FuzzLookupWindowHoldsItsBounds:./shared/archive FuzzIdempotencyKeyHeader:./shared/idempotency FuzzEventShapes:./functions/lookup
-FUZZ_DB_TARGETS := FuzzKeyTimeRuleMatchesSQL:./shared/archive
+FUZZ_DB_TARGETS := FuzzKeyTimeRuleMatchesSQL:./shared/archive FuzzLateRuleMatchesKeytime:./shared/archive
 .PHONY: fuzz
 fuzz: ## Fuzz the key timestamp parser, the cursor, the lookup window, the Idempotency-Key header, the lookup event shapes and the SQL rule for key timestamps (FUZZTIME=30s each)
 	@for t in $(FUZZ_TARGETS); do \

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -118,7 +119,7 @@ func TestRunbookEndToEnd(t *testing.T) {
 
 	r = cli(t, db, nil, "verify")
 	require.Equal(t, exitOK, r.code, r.stdout)
-	require.Equal(t, 4, strings.Count(r.stdout, "PASS"))
+	require.Equal(t, 5, strings.Count(r.stdout, "PASS"))
 
 	// lookup: found (exit 0) with fingerprint match, not found (exit 1)
 	fp := hex.EncodeToString(dbtest.Fingerprint("idem:v1:probe"))
@@ -188,6 +189,11 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 		{"bad env mode", map[string]string{"SWEEP_MISSING_PARTITION": "maybe"}, []string{"sweep"}, `SWEEP_MISSING_PARTITION: want create or fail`},
 		{"no database", map[string]string{"DATABASE_URL": ""}, []string{"verify"}, "set DATABASE_URL"},
 		{"database URL with password is not echoed", map[string]string{"DATABASE_URL": "postgres://u:s3cret@[::1"}, []string{"verify"}, "not a valid PostgreSQL connection string"},
+		// An unescaped '@' in the password puts its tail ("s3cret") where pgx
+		// reads the host: refused before any error could print that host or
+		// any lookup could send it to DNS.
+		{"a password with an unescaped @ in DATABASE_URL is not echoed", map[string]string{"DATABASE_URL": "postgres://app:Xy@s3cret@10.0.0.5:5432/app"}, []string{"verify"}, "percent-encode @ / : ? #"},
+		{"a verify-full URL with an unescaped @ is not echoed", map[string]string{"DATABASE_URL": "postgres://app:Xy@s3cret@db.invalid:5432/app?sslmode=verify-full&connect_timeout=2"}, []string{"verify"}, "DATABASE_URL: database URL is ambiguous"},
 		{"reconcile without redis", nil, []string{"redis-reconcile"}, "--redis-url or REDIS_URL is required"},
 		{"reconcile redis URL with password is not echoed", nil, []string{"redis-reconcile", "--redis-url", "http://u:s3cret@host"}, "--redis-url is not a redis:// or rediss:// URL"},
 		{"reconcile URL in the wrong place is not echoed", nil, []string{"redis-reconcile", "redis://:s3cret@host:6379"}, `want 0 argument(s), got 1: ["redis://REDACTED@host:6379"]`},
@@ -404,9 +410,12 @@ func TestADefaultPartitionIsReportedAndFailsVerify(t *testing.T) {
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 }
 
-// A sweep process killed with SIGKILL mid-run (an OOM kill, a lost host)
+// A sweep process killed with SIGKILL mid-batch (an OOM kill, a lost host)
 // loses nothing: the batch it was in rolls back, and the next run finishes
-// the job with every key in exactly one place.
+// the job with every key in exactly one place. The process is killed again
+// and again, each time only while pg_stat_activity shows its backend inside
+// a transaction that has written (a batch, not a pause between batches), so
+// the kills land where a half-moved batch could be left.
 func TestASweepKilledWithSIGKILLLosesNothing(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
@@ -419,27 +428,54 @@ func TestASweepKilledWithSIGKILLLosesNothing(t *testing.T) {
 		       now() - interval '1 hour' - i * interval '1 millisecond', now() - interval '2 days'
 		  FROM generate_series(1, $1) AS i`, total)
 	require.NoError(t, err)
-
 	bin := filepath.Join(t.TempDir(), "archivectl")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	out, err := build.CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	for attempt := 0; ; attempt++ {
+
+	// inBatch waits until the sweep's backend is inside a writing
+	// transaction, or the process has had its chance.
+	inBatch := func(app string, until time.Time) bool {
+		for time.Now().Before(until) {
+			var n int64
+			_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
+				AND backend_xid IS NOT NULL AND state IN ('active', 'idle in transaction')`, app).Scan(&n)
+			if n > 0 {
+				return true
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return false
+	}
+	const kills = 12
+	landed, left := 0, int64(total)
+	for attempt := 0; landed < kills && attempt < 3*kills; attempt++ {
+		app := fmt.Sprintf("sigkill-%d", attempt)
 		cmd := exec.Command(bin, "sweep", "--batch", "200", "--pause", "2ms")
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+db.URL)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+db.URL, "PGAPPNAME="+app)
 		require.NoError(t, cmd.Start())
-		time.Sleep(time.Duration(150+100*attempt) * time.Millisecond)
+		deadline := time.Now().Add(10 * time.Second)
+		hit := inBatch(app, deadline)
+		if hit {
+			// Spread the kills over the run: a random moment after its
+			// first batch, then inside a batch again.
+			time.Sleep(time.Duration(rand.IntN(40)) * time.Millisecond)
+			hit = inBatch(app, deadline)
+		}
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 		_ = cmd.Wait()
-		left := dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys")
-		if left > 0 && left < total {
-			break // killed mid-run, with work done and work left
+		now := dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys")
+		require.LessOrEqual(t, now, left, "a killed sweep put rows back")
+		left = now
+		if hit {
+			landed++
 		}
-		require.Less(t, attempt, 10, "could not kill the sweep mid-run")
-		if left == 0 {
-			t.Fatal("the sweep finished before it could be killed: make the table bigger")
-		}
+		require.Positive(t, left, "the sweep drained before it was killed %d times inside a batch: make the table bigger", kills)
 	}
+	t.Logf("kills inside a writing transaction: %d, rows left for the last run: %d", landed, left)
+	require.Equal(t, kills, landed, "the kills did not land inside batches")
+	// None of the killed batches left anything half-moved.
+	require.EqualValues(t, total, left+dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+
 	r := cli(t, db, nil, "sweep", "--pause", "0s")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"))

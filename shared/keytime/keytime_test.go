@@ -1,7 +1,11 @@
 package keytime
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
+	"math/big"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -105,13 +109,107 @@ func TestValidateSkew(t *testing.T) {
 	}
 }
 
+// FuzzFromKey checks FromKey against an independent reading of the two
+// formats. From a fuzzed millisecond and random bits it builds a canonical
+// ULID and UUIDv7, which must give that instant back, under any scope
+// prefix; then it changes one character, and the result must have a
+// timestamp exactly when it is still canonical, and then the one its first
+// 48 bits say. Any other key: no timestamp means the zero time.
 func FuzzFromKey(f *testing.F) {
-	f.Add("idem:v1:01ARZ3NDEKTSV4RRFFQ69G5FAV")
-	f.Add("idem:v1:018f3c1e-3f7a-7c55-9d2b-6f0e8f1b2a3c")
-	f.Fuzz(func(t *testing.T, key string) {
-		ts, ok := FromKey(key)
-		if !ok && !ts.IsZero() {
-			t.Fatalf("no timestamp but non-zero time %v", ts)
+	f.Add("idem:v1:01ARZ3NDEKTSV4RRFFQ69G5FAV", uint64(1469922850259), uint64(0), uint64(0), "idem:v1", uint8(0), byte('8'))
+	f.Add("idem:v1:018f3c1e-3f7a-7c55-9d2b-6f0e8f1b2a3c", uint64(1<<48-1), ^uint64(0), ^uint64(0), "idem:v1:t=acme", uint8(14), byte('4'))
+	f.Add("", uint64(0), uint64(1), uint64(2), "", uint8(19), byte('c'))
+	f.Add("x", uint64(1764667815123), uint64(3), uint64(4), "a:b", uint8(8), byte('0'))
+	f.Add("y", uint64(1764667815123), uint64(5), uint64(6), "", uint8(25), byte('u'))
+	f.Fuzz(func(t *testing.T, key string, ms, hi, lo uint64, prefix string, pos uint8, c byte) {
+		if ts, ok := FromKey(key); !ok && !ts.IsZero() {
+			t.Fatalf("FromKey(%q): no timestamp but non-zero time %v", key, ts)
+		}
+		ms &= 1<<48 - 1
+		want := time.UnixMilli(int64(ms)).UTC()
+		ulid := canonicalULID(ms, hi, lo)
+		uuid := canonicalUUIDv7(ms, hi, lo)
+		for _, id := range []string{ulid, strings.ToLower(ulid), uuid, strings.ToUpper(uuid)} {
+			for _, k := range []string{id, prefix + ":" + id} {
+				if got, ok := FromKey(k); !ok || !got.Equal(want) {
+					t.Fatalf("FromKey(%q) = %v, %v; want %v, true", k, got, ok, want)
+				}
+			}
+			b := []byte(id)
+			b[int(pos)%len(b)] = c
+			changed := string(b)
+			wantTS, wantOK := referenceTime(changed)
+			got, ok := FromKey(prefix + ":" + changed)
+			if ok != wantOK || !got.Equal(wantTS) {
+				t.Fatalf("FromKey(%q) = %v, %v; want %v, %v", prefix+":"+changed, got, ok, wantTS, wantOK)
+			}
 		}
 	})
+}
+
+// canonicalULID writes 48 bits of milliseconds and 80 random bits (the low
+// 16 of hi, all of lo) as 26 upper-case Crockford characters, most
+// significant first.
+func canonicalULID(ms, hi, lo uint64) string {
+	v := new(big.Int).Lsh(new(big.Int).SetUint64(ms), 80)
+	v.Or(v, new(big.Int).Lsh(new(big.Int).SetUint64(hi&0xFFFF), 64))
+	v.Or(v, new(big.Int).SetUint64(lo))
+	out := make([]byte, 26)
+	mask := big.NewInt(31)
+	for i := 25; i >= 0; i-- {
+		out[i] = crockford[new(big.Int).And(v, mask).Int64()]
+		v.Rsh(v, 5)
+	}
+	return string(out)
+}
+
+// canonicalUUIDv7 lays out RFC 9562's version 7: 48 bits of milliseconds,
+// version 7, 12 random bits, variant 10, 62 random bits.
+func canonicalUUIDv7(ms, hi, lo uint64) string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], ms<<16|0x7000|hi&0x0FFF)
+	binary.BigEndian.PutUint64(b[8:], lo&^(3<<62)|1<<63)
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// referenceTime is what FromKey must say of a bare id, read another way:
+// the canonical forms by their spelling, the time by parsing the digits.
+func referenceTime(id string) (time.Time, bool) {
+	switch len(id) {
+	case 26:
+		var ms uint64
+		for i := range len(id) {
+			v := strings.IndexByte(crockford, strings.ToUpper(id[i : i+1])[0])
+			if v < 0 || id[i] >= 0x80 {
+				return time.Time{}, false
+			}
+			if i < 10 {
+				ms = ms*32 + uint64(v)
+			}
+		}
+		if strings.IndexByte(crockford, strings.ToUpper(id[:1])[0]) > 7 {
+			return time.Time{}, false
+		}
+		return time.UnixMilli(int64(ms)).UTC(), true
+	case 36:
+		groups := strings.Split(id, "-")
+		if len(groups) != 5 || len(groups[0]) != 8 || len(groups[1]) != 4 || len(groups[2]) != 4 || len(groups[3]) != 4 {
+			return time.Time{}, false
+		}
+		for _, g := range groups {
+			if _, err := hex.DecodeString(strings.Repeat("0", len(g)%2) + g); err != nil || strings.ContainsAny(g, "+-") {
+				return time.Time{}, false
+			}
+		}
+		if groups[2][0] != '7' || !strings.ContainsRune("89abAB", rune(groups[3][0])) {
+			return time.Time{}, false
+		}
+		ms, err := strconv.ParseUint(groups[0]+groups[1], 16, 64)
+		if err != nil {
+			return time.Time{}, false
+		}
+		return time.UnixMilli(int64(ms)).UTC(), true
+	}
+	return time.Time{}, false
 }

@@ -619,75 +619,6 @@ func TestMissingPartitionErrorUnwraps(t *testing.T) {
 	require.Contains(t, err.Error(), "2020-03")
 }
 
-// Faults mid-batch: while four sweepers run, their backends are terminated
-// (pg_terminate_backend) again and again, which is what a failover, a
-// dropped connection or an operator's kill does. A batch is one transaction,
-// so every cut batch rolls back whole: afterwards every key is in exactly
-// one of the live table and the archive, none lost, none twice.
-func TestSweepersWhoseBackendsAreKilledLoseNothing(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	const total = 20_000
-	_, err := b.db.Pool.Exec(ctx, `
-		INSERT INTO idempotency_keys (scoped_key, fingerprint, state, status_code, response, expires_at, created_at)
-		SELECT 'idem:v1:f' || i, sha256(i::text::bytea), 'completed', 201, jsonb_build_object('id', 'ch_' || i),
-		       now() - interval '1 hour' - i * interval '1 millisecond', now() - interval '2 days'
-		  FROM generate_series(1, $1) AS i`, total)
-	require.NoError(t, err)
-	// The sweepers' connections are tagged, so the killer finds them.
-	victims := b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole), dbtest.WithParam("application_name", "sweeper-under-fire"))
-
-	killCtx, stopKilling := context.WithCancel(ctx)
-	var killed atomic.Int64
-	var killer sync.WaitGroup
-	killer.Add(1)
-	go func() {
-		defer killer.Done()
-		for killCtx.Err() == nil {
-			var n int64
-			_ = b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE application_name = 'sweeper-under-fire' AND state = 'active' AND pid <> pg_backend_pid()) k`).Scan(&n)
-			killed.Add(n)
-			time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond)
-		}
-	}()
-
-	var sweeps sync.WaitGroup
-	var failures atomic.Int64
-	deadline := time.Now().Add(20 * time.Second)
-	for range 4 {
-		sweeps.Add(1)
-		go func() {
-			defer sweeps.Done()
-			s := newSweeper(t, victims, sweep.Config{BatchSize: 500}, nil, nil)
-			for time.Now().Before(deadline) {
-				res, err := s.Run(ctx)
-				if err != nil {
-					failures.Add(1) // a killed batch: run again, as the next schedule would
-					continue
-				}
-				if res.Drained && res.Backlog == 0 {
-					return
-				}
-			}
-		}()
-	}
-	sweeps.Wait()
-	stopKilling()
-	killer.Wait()
-	t.Logf("backends killed: %d, failed runs: %d", killed.Load(), failures.Load())
-	require.Positive(t, killed.Load(), "no backend was killed mid-batch: the test proved nothing")
-
-	// Whatever the kills left is drained by a sweep nobody interrupts.
-	_, err = newSweeper(t, b.sweeper, sweep.Config{}, nil, nil).Run(ctx)
-	require.NoError(t, err)
-	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
-	require.EqualValues(t, total, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"), "none lost")
-	require.EqualValues(t, total, dbtest.Count(t, b.db.Pool, "SELECT count(DISTINCT scoped_key) FROM idempotency_key_archive"), "none twice")
-	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE status_code <> 201 OR resource_id IS NULL"), "every row whole")
-}
-
 // A long-running transaction holds back the xmin horizon (a report, a
 // forgotten psql session): the dead tuples of every batch stay, yet the
 // sweeper keeps moving rows in whole batches, through the index, and drains.
@@ -705,12 +636,33 @@ func TestSweepingBesideAnOldSnapshotKeepsProgressing(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = old.Rollback(ctx) }()
 	var seen int64
-	require.NoError(t, old.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys").Scan(&seen))
+	var pid int32
+	require.NoError(t, old.QueryRow(ctx, "SELECT count(*), pg_backend_pid() FROM idempotency_keys").Scan(&seen, &pid))
 	require.EqualValues(t, total, seen)
+	// horizon is the old transaction's xmin as the server reports it, and
+	// how many transaction ids were assigned since (its age): each batch
+	// deletes in a transaction of its own, newer than that xmin, so while
+	// it stays put no vacuum or pruning may remove what the batches
+	// deleted.
+	horizon := func() (xmin string, age int64) {
+		t.Helper()
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(backend_xmin::text, ''), coalesce(age(backend_xmin), 0)
+			FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&xmin, &age))
+		return xmin, age
+	}
+	held, start := horizon()
+	require.NotEmpty(t, held, "the old transaction holds no snapshot")
 
 	var batches []int64
 	var last int64
-	cfg := sweep.Config{BatchSize: 1000, OnBatch: func(p sweep.Progress) { batches = append(batches, p.Moved-last); last = p.Moved }}
+	cfg := sweep.Config{BatchSize: 1000, OnBatch: func(p sweep.Progress) {
+		batches = append(batches, p.Moved-last)
+		last = p.Moved
+		// Every batch ran behind the same held horizon.
+		xmin, age := horizon()
+		require.Equal(t, held, xmin, "after batch %d the old snapshot's xmin moved", p.Batches)
+		require.GreaterOrEqual(t, age-start, int64(p.Batches), "batch %d did not write behind the old snapshot", p.Batches)
+	}}
 	res, err := newSweeper(t, b.sweeper, cfg, nil, nil).Run(ctx)
 	require.NoError(t, err)
 	require.True(t, res.Drained)
@@ -719,15 +671,51 @@ func TestSweepingBesideAnOldSnapshotKeepsProgressing(t *testing.T) {
 		require.LessOrEqual(t, n, int64(1000), "batch %d moved more than its size", i)
 	}
 	require.Len(t, batches, total/1000+1, "whole batches, then the short one that drains")
-	// The old snapshot still sees every row: nothing it can see was lost.
+	// A vacuum cannot remove what the horizon protects: the old snapshot
+	// still sees every row, nothing it can see was lost.
+	_, err = b.db.Pool.Exec(ctx, "VACUUM idempotency_keys")
+	require.NoError(t, err)
 	require.NoError(t, old.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys").Scan(&seen))
 	require.EqualValues(t, total, seen)
+	xmin, _ := horizon()
+	require.Equal(t, held, xmin)
+}
+
+// lostRaces wraps a sweeper's partition manager and counts the months it
+// was asked for that it found made already (EnsureMonth made nothing): each
+// is a race to create a month that this sweeper lost, after which it must
+// run its batch again. The first call waits until first is closed, so that
+// at least one race is lost whatever the scheduling.
+type lostRaces struct {
+	m       *partition.Manager
+	entered chan struct{} // closed on the first EnsureMonth
+	first   chan struct{} // the first EnsureMonth goes on once closed
+	once    *sync.Once
+	lost    *atomic.Int64
+}
+
+func (r lostRaces) EnsureMonth(ctx context.Context, month time.Time) ([]string, error) {
+	waited := false
+	r.once.Do(func() {
+		close(r.entered)
+		<-r.first
+		waited = true
+	})
+	stmts, err := r.m.EnsureMonth(ctx, month)
+	if err == nil && len(stmts) == 0 {
+		r.lost.Add(1)
+	} else if waited && err == nil {
+		return nil, fmt.Errorf("the partition runs did not make %s first", month.Format("2006-01"))
+	}
+	return stmts, err
 }
 
 // Sweepers and partition runs race: rows expired in months that have no
 // partition yet, three sweepers that create them, and partition runs beside
 // them. Whoever creates a month, the others retry their batch; every row
-// ends in the archive exactly once.
+// ends in the archive exactly once. The first sweeper to find a month
+// missing waits until the partition runs have made every month, so at least
+// one race is lost for certain; the others race as they come.
 func TestSweepersAndPartitionRunsRaceForMissingMonths(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
@@ -744,8 +732,10 @@ func TestSweepersAndPartitionRunsRaceForMissingMonths(t *testing.T) {
 			  FROM generate_series(1, $3) AS i`, month, fmt.Sprint(back), perMonth)
 		require.NoError(t, err)
 	}
+	race := lostRaces{entered: make(chan struct{}), first: make(chan struct{}), once: new(sync.Once), lost: new(atomic.Int64)}
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
+	var created sync.Map // partition -> the sweeper that created it
 	for i := range 3 {
 		wg.Add(1)
 		go func() {
@@ -755,20 +745,34 @@ func TestSweepersAndPartitionRunsRaceForMissingMonths(t *testing.T) {
 				errs <- err
 				return
 			}
-			s, err := sweep.New(db.Pool, sweep.Config{BatchSize: 700 + 100*i}, m, nil)
+			r := race
+			r.m = m
+			s, err := sweep.New(db.Pool, sweep.Config{BatchSize: 700 + 100*i}, r, nil)
 			if err != nil {
 				errs <- err
 				return
 			}
-			if _, err := s.Run(ctx); err != nil {
+			res, err := s.Run(ctx)
+			if err != nil {
 				errs <- fmt.Errorf("sweeper %d: %w", i, err)
+			}
+			for _, p := range res.PartitionsCreated {
+				if other, dup := created.LoadOrStore(p, i); dup {
+					errs <- fmt.Errorf("sweepers %d and %d both report creating %s", other, i, p)
+				}
 			}
 		}()
 	}
+	// The partition runs start once a sweeper has found a month missing,
+	// and let it go on when they are done.
+	var runs sync.WaitGroup
 	for range 2 {
 		wg.Add(1)
+		runs.Add(1)
 		go func() {
 			defer wg.Done()
+			defer runs.Done()
+			<-race.entered
 			m, err := partition.NewManager(db.Pool, partition.Config{}, nil)
 			if err == nil {
 				_, err = m.Run(ctx, false)
@@ -778,11 +782,14 @@ func TestSweepersAndPartitionRunsRaceForMissingMonths(t *testing.T) {
 			}
 		}()
 	}
+	go func() { runs.Wait(); close(race.first) }()
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		t.Error(err)
 	}
+	t.Logf("races lost by sweepers: %d", race.lost.Load())
+	require.Positive(t, race.lost.Load(), "no sweeper lost a race: the test proved nothing")
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"))
 	require.EqualValues(t, 4*perMonth, dbtest.Count(t, db.Pool, "SELECT count(DISTINCT scoped_key) FROM idempotency_key_archive"))
 	require.EqualValues(t, 4*perMonth, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
