@@ -130,8 +130,9 @@ const MaxInvocation = database.MaxTimeout
 type Config struct {
 	// BatchSize is the most rows one batch moves. Default 10,000; 1 to 50,000.
 	BatchSize int
-	// Pause is the wait between batches, jittered by ±25%, 0 to
-	// MaxInvocation. Zero means no pause: zero is never replaced by a
+	// Pause is the wait between batches, jittered by ±25%, 0 or 1ms to
+	// MaxInvocation (a nonzero pause under a millisecond is refused, not
+	// read as none). Zero means no pause: zero is never replaced by a
 	// default, so a sweep asked to run flat out does. DefaultPause (200ms)
 	// is what the SWEEP_PAUSE variable and the --pause flag default to. A
 	// pause never runs past the deadline margin or MaxDuration.
@@ -143,9 +144,13 @@ type Config struct {
 	// Default 30s; a whole number of milliseconds from 1ms to MaxInvocation.
 	StatementTimeout time.Duration
 	// DeadlineMargin: no batch starts when the context deadline is closer than
-	// this. Default StatementTimeout + 5s, so a batch always has time to
-	// finish; less than MaxInvocation. A run that starts no batch for it while
-	// a backlog waits fails with a *DeadlineError.
+	// this. Default StatementTimeout + 5s (at most MaxInvocation - 1s), so a
+	// batch always has time to finish; less than MaxInvocation. A margin
+	// shorter than StatementTimeout lets a batch start that the invocation's
+	// end may cut off: its transaction rolls back (nothing is lost), but the
+	// run's summary and backlog metric are. shared/settings refuses such a
+	// SWEEP_DEADLINE_MARGIN; tests use short ones. A run that starts no
+	// batch for it while a backlog waits fails with a *DeadlineError.
 	DeadlineMargin time.Duration
 	// InFlightGrace is how long past its expiry a key still in flight stays
 	// live before it is archived as expired in flight (status 0), so that a
@@ -225,8 +230,8 @@ func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
-	if c.Pause < 0 || c.Pause > MaxInvocation {
-		return bad("Pause", "sweep pause must be between 0 (no pause) and %s, got %s", MaxInvocation, c.Pause)
+	if c.Pause < 0 || c.Pause > MaxInvocation || (c.Pause > 0 && c.Pause < time.Millisecond) {
+		return bad("Pause", "sweep pause must be 0 (no pause) or between 1ms and %s, got %s", MaxInvocation, c.Pause)
 	}
 	if c.InFlightGrace < 0 || c.InFlightGrace > MaxInFlightGrace || c.InFlightGrace%time.Millisecond != 0 {
 		return bad("InFlightGrace", "sweep in-flight grace must be whole milliseconds between 0 (none) and %s, got %s", MaxInFlightGrace, c.InFlightGrace)

@@ -492,6 +492,8 @@ func TestConfigValidation(t *testing.T) {
 		{sweep.Config{DeadlineMargin: sweep.MaxInvocation}, "DeadlineMargin"},
 		{sweep.Config{Pause: -time.Second}, "Pause"},
 		{sweep.Config{Pause: sweep.MaxInvocation + 1}, "Pause"},
+		{sweep.Config{Pause: 100 * time.Nanosecond}, "Pause"},
+		{sweep.Config{Pause: time.Millisecond - 1}, "Pause"},
 		{sweep.Config{StatementTimeout: 1<<63 - 1}, "StatementTimeout"},
 	} {
 		_, err := sweep.New(nil, c.cfg, nil, nil)
