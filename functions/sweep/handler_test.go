@@ -106,8 +106,8 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		`{"batchsize": 10}`:     `unknown field "batchsize"`,
 		`{"detail-type": "Scheduled Event", "detail": {"max_duration": 5}}`: "invalid options",
 		`[1, 2]`:                  "payload is not a JSON object",
-		`{"pause": "-1s"}`:        "invalid options: pause: sweep pause must be between 0",
-		`{"pause": "2562047h"}`:   "invalid options: pause: sweep pause must be between 0",
+		`{"pause": "-1s"}`:        "invalid options: pause: sweep pause must be 0 (no pause) or between 1ms",
+		`{"pause": "2562047h"}`:   "invalid options: pause: sweep pause must be 0 (no pause) or between 1ms",
 		`{"max_duration": "-5s"}`: "invalid options: max_duration: sweep max duration must not be negative",
 	} {
 		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
