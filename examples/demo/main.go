@@ -191,7 +191,7 @@ func (d *demo) steps(ctx context.Context) bool {
 
 	// 9. archivectl verify.
 	out, err := d.archivectl(ctx, "verify")
-	d.check(err == nil, "archivectl verify: the runbook's four checks", out)
+	d.check(err == nil, "archivectl verify: the runbook's four checks and the recording check", out)
 	return true
 }
 

@@ -294,6 +294,52 @@ func TestAnUpdatedArchiveRowIsRecorded(t *testing.T) {
 	require.Equal(t, time.Date(2026, 8, 3, 0, 0, 0, 0, time.UTC), rec.ExpiredAt)
 }
 
+// A MERGE that moves a row to another month is recorded too: on
+// PostgreSQL 15 its AFTER UPDATE statement trigger sees an empty transition
+// table for a row that changes partition, so the row trigger of migration
+// 013 records it, for keys without a timestamp and for keys used long
+// after theirs alike. A MERGE that inserts is recorded as an INSERT is.
+func TestARowAMergeWritesIsRecorded(t *testing.T) {
+	t.Parallel()
+	late := "idem:v1:" + ulid(time.Date(2025, 1, 10, 0, 0, 0, 0, time.UTC))
+	for _, tc := range []struct {
+		name, key string
+		merge     string
+		want      time.Time
+	}{
+		{"update to another month", "idem:v1:merged", `
+			MERGE INTO idempotency_key_archive a USING (VALUES ('idem:v1:merged')) AS s (k) ON a.scoped_key = s.k
+			WHEN MATCHED THEN UPDATE SET expired_at = '2026-08-03 00:00:00+00'`, time.Date(2026, 8, 3, 0, 0, 0, 0, time.UTC)},
+		{"update within the month", "idem:v1:merged", `
+			MERGE INTO idempotency_key_archive a USING (VALUES ('idem:v1:merged')) AS s (k) ON a.scoped_key = s.k
+			WHEN MATCHED THEN UPDATE SET expired_at = '2026-03-20 00:00:00+00'`, time.Date(2026, 3, 20, 0, 0, 0, 0, time.UTC)},
+		{"update of a late key to another month", late, `
+			MERGE INTO idempotency_key_archive a USING (VALUES ('` + late + `')) AS s (k) ON a.scoped_key = s.k
+			WHEN MATCHED THEN UPDATE SET expired_at = '2026-08-03 00:00:00+00'`, time.Date(2026, 8, 3, 0, 0, 0, 0, time.UTC)},
+		{"rename into another month", "idem:v1:renamed-by-merge", `
+			MERGE INTO idempotency_key_archive a USING (VALUES ('idem:v1:merged')) AS s (k) ON a.scoped_key = s.k
+			WHEN MATCHED THEN UPDATE SET scoped_key = 'idem:v1:renamed-by-merge', expired_at = '2026-09-03 00:00:00+00'`, time.Date(2026, 9, 3, 0, 0, 0, 0, time.UTC)},
+		{"insert", "idem:v1:inserted-by-merge", `
+			MERGE INTO idempotency_key_archive a USING (VALUES ('idem:v1:inserted-by-merge')) AS s (k) ON a.scoped_key = s.k
+			WHEN NOT MATCHED THEN INSERT (scoped_key, fingerprint, status_code, created_at, expired_at)
+			VALUES (s.k, '\x00', 201, '2026-05-01 00:00:00+00', '2026-05-02 00:00:00+00')`, time.Date(2026, 5, 2, 0, 0, 0, 0, time.UTC)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			dbtest.InsertArchive(t, b.db.Pool,
+				dbtest.ArchiveRow{Key: "idem:v1:merged", Status: 201, ExpiredAt: time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)},
+				dbtest.ArchiveRow{Key: late, Status: 201, ExpiredAt: time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)})
+			_, err := b.db.Pool.Exec(ctx, tc.merge)
+			require.NoError(t, err)
+			rec, err := newReader(t, b.reader, nil).Lookup(ctx, tc.key, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, rec.ExpiredAt)
+		})
+	}
+}
+
 // A month attached again with rows in it (detached by hand, restored from a
 // dump) gets a pending range in the attaching transaction, and the partition
 // run records its keys: they are found before and after.

@@ -220,7 +220,8 @@ func TestATableAttachedAgainByHandIsAdoptedAgain(t *testing.T) {
 // while a writer of the month holds it busy, archive inserts into it go on
 // (none queues behind a waiting lock request, as a sweep batch or a Redis
 // store's completion would, and fails on its lock_timeout), the run leaves
-// the month for later, and the next run adopts it.
+// the month for later and reports it (lookups can miss its rows until it
+// is adopted, so the run must not look clean), and the next run adopts it.
 func TestAdoptionNeverQueuesArchiveInsertsBehindItsLock(t *testing.T) {
 	t.Parallel()
 	// GIVEN a month attached by hand, and a transaction writing into it
@@ -256,9 +257,13 @@ func TestAdoptionNeverQueuesArchiveInsertsBehindItsLock(t *testing.T) {
 	require.NoError(t, err, "an archive insert queued behind the adoption's lock")
 	require.NoError(t, insert.Commit(ctx))
 
-	// THEN the run leaves the busy month for later
-	require.NoError(t, <-runDone)
+	// THEN the run leaves the busy month for later, and says so
+	require.ErrorIs(t, <-runDone, partition.ErrIncomplete)
 	require.Empty(t, res.Adopted)
+	require.Len(t, res.Failed, 1)
+	require.Equal(t, "adopt", res.Failed[0].Action)
+	require.Equal(t, "hand_month", res.Failed[0].Partition)
+	require.Contains(t, res.Failed[0].Error, "was not adopted: it was never free of writers long enough")
 
 	// AND the next run, the writer done, adopts it
 	require.NoError(t, tx.Commit(ctx))
@@ -293,4 +298,147 @@ func TestARunThatCannotReadTheLiveTableStillManagesTheMonths(t *testing.T) {
 	res, err = m.Run(ctx, false)
 	require.NoError(t, err)
 	require.Equal(t, []string{"idempotency_key_archive_2024_01"}, res.Retired)
+}
+
+// A table detached while a run maintains the plain-key table (after the
+// run's adoption step, before its prune, which deletes the records of
+// months no table holds) and attached again by hand before the next run is
+// another attachment, which the registry does not vouch for (migration
+// 013): the next run adopts it again, marking its bounds pending, and its
+// row is found. With the registry keyed by OID alone, the table stayed
+// "recorded" and its row was never found again.
+func TestATableDetachedBeforeARunsPruneIsAdoptedWhenAttachedAgain(t *testing.T) {
+	t.Parallel()
+	db, _ := managedArchive(t)
+	ctx := context.Background()
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow), LockTimeout: 30 * time.Second})
+
+	// GIVEN a month restored by hand, adopted and fully recorded
+	_, err := db.Pool.Exec(ctx, `
+		CREATE TABLE hand_range (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		INSERT INTO hand_range (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:restored', '\x00', 201, '2024-02-01 10:00:00+00', '2024-02-02 10:00:00+00');
+		ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_range FOR VALUES FROM ('2024-02-01 00:00:00+00') TO ('2024-03-01 00:00:00+00')`)
+	require.NoError(t, err)
+	res, err := m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"hand_range"}, res.Adopted)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	_, err = r.Lookup(ctx, "idem:v1:restored", nil)
+	require.NoError(t, err)
+
+	// WHEN a run is past its adoption step but not yet at its prune (held
+	// there by a lock the prune's DELETE needs), the owner detaches the
+	// table, the prune deletes its month's records ...
+	holder, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, "LOCK TABLE idempotency_archive_plain_keys IN SHARE MODE")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Run(ctx, false)
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_locks
+			WHERE NOT granted AND relation = 'idempotency_archive_plain_keys'::regclass`) > 0
+	}, 20*time.Second, 20*time.Millisecond, "the run should reach its prune")
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION hand_range")
+	require.NoError(t, err)
+	require.NoError(t, holder.Commit(ctx))
+	require.NoError(t, <-done)
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"),
+		"the run pruned the records of the detached month")
+
+	// ... and attaches it again by hand before the next run
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_range FOR VALUES FROM ('2024-02-01 00:00:00+00') TO ('2024-03-01 00:00:00+00')")
+	require.NoError(t, err)
+	unrecorded, err := partition.ListUnrecorded(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Len(t, unrecorded, 1)
+	require.Equal(t, "hand_range", unrecorded[0].Name)
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+
+	// THEN the next run adopts it again, records its row, and the lookup finds it
+	require.Equal(t, []string{"hand_range"}, res.Adopted)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys"))
+	_, err = r.Lookup(ctx, "idem:v1:restored", nil)
+	require.NoError(t, err)
+	unrecorded, err = partition.ListUnrecorded(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Empty(t, unrecorded)
+}
+
+// The same for a table detached while a run indexes its pending range
+// (here while the run is busy trying to adopt another month): the indexing
+// reads the range through the archive, sees none of the table's rows and
+// finishes the range. Attached again by hand, the table is adopted again
+// by the next run, its range pending again, and its row is found.
+func TestATableDetachedWhileARunIndexesItIsAdoptedWhenAttachedAgain(t *testing.T) {
+	t.Parallel()
+	db, _ := managedArchive(t)
+	ctx := context.Background()
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
+
+	// GIVEN a table attached by hand and adopted by a run with no budget
+	// left for the plain-key maintenance (its range stays pending)
+	_, err := db.Pool.Exec(ctx, `
+		CREATE TABLE hand_range (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		INSERT INTO hand_range (scoped_key, fingerprint, status_code, created_at, expired_at)
+		VALUES ('idem:v1:restored', '\x00', 201, '2025-06-01 10:00:00+00', '2025-06-02 10:00:00+00');
+		ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_range FOR VALUES FROM ('2025-06-01 00:00:00+00') TO ('2025-07-01 00:00:00+00')`)
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 20*time.Second)
+	res, err := m.Run(short, false)
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, []string{"hand_range"}, res.Adopted)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+
+	// AND another month attached by hand whose writer keeps it busy (the
+	// lock a writer of the month holds, taken alone so that the DETACH
+	// below does not queue behind it)
+	_, err = db.Pool.Exec(ctx, `
+		CREATE TABLE hand_busy (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_busy FOR VALUES FROM ('2025-08-01 00:00:00+00') TO ('2025-09-01 00:00:00+00')`)
+	require.NoError(t, err)
+	writer, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = writer.Exec(ctx, "LOCK TABLE hand_busy IN ROW EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	// WHEN the owner detaches hand_range while the next run tries to adopt
+	// the busy month, and the run then indexes hand_range's range without it
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Run(ctx, false)
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE query LIKE '%idempotency_archive_adopt_partition%' AND pid <> pg_backend_pid() AND state = 'active'`) > 0
+	}, 20*time.Second, 10*time.Millisecond)
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION hand_range")
+	require.NoError(t, err)
+	require.ErrorIs(t, <-done, partition.ErrIncomplete, "the busy month is reported")
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"),
+		"the run finished the range without the detached table's rows")
+	require.NoError(t, writer.Commit(ctx))
+
+	// ... and attaches it again by hand
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive ATTACH PARTITION hand_range FOR VALUES FROM ('2025-06-01 00:00:00+00') TO ('2025-07-01 00:00:00+00')")
+	require.NoError(t, err)
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+
+	// THEN the next run adopts both, and the row is found
+	require.Equal(t, []string{"hand_busy", "hand_range"}, res.Adopted)
+	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
+	_, err = r.Lookup(ctx, "idem:v1:restored", nil)
+	require.NoError(t, err)
 }

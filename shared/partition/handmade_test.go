@@ -223,7 +223,8 @@ func TestAHalfAttachedLaterToAnAdoptedMonthIsAdopted(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"idempotency_key_archive_2025_11b"}, res.Adopted)
 	require.EqualValues(t, 2, dbtest.Count(t, db.Pool,
-		"SELECT count(*) FROM pg_trigger WHERE tgrelid = 'idempotency_key_archive_2025_11b'::regclass AND NOT tgisinternal"))
+		"SELECT count(*) FROM pg_trigger WHERE tgrelid = 'idempotency_key_archive_2025_11b'::regclass AND NOT tgisinternal AND tgparentid = 0"),
+		"the recording statement triggers of its own (beside the row trigger cloned from the archive)")
 
 	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
 	require.NoError(t, err)

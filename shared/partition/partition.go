@@ -461,7 +461,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		res.record(s)
 	}
 	if tbl.adopts {
-		adopted, failed, err := m.adopt(ctx, conn.Conn(), dryRun)
+		adopted, failed, err := m.adopt(ctx, conn.Conn(), tbl, dryRun)
 		res.Adopted = adopted
 		for _, f := range failed {
 			res.Failed = append(res.Failed, f)
@@ -846,16 +846,54 @@ func reattachStep(tbl table, p Partition) step {
 	return s
 }
 
-// forgetSQL drops the records of tables no longer partitions of the archive
-// (an OID may be reused by a later table); unadoptedSQL lists the attached
-// partitions not recorded as covered by the plain-key records (migration
-// 012); adoptSQL adopts one of them.
+// The registry of migrations 012 and 013 (idempotency_archive_recorded_partitions)
+// says which attachments of the archive's partitions the plain-key records
+// cover. The invariant lookups rest on: every partition whose current
+// attachment the registry vouches for, and which carries the recording
+// triggers, has each of its rows recorded or inside a pending range.
+//
+// A registry row vouches for one attachment: the partition's OID and the
+// xmin of its pg_inherits row (migration 013). Every DETACH ends an
+// attachment, and an ATTACH (by hand or by the manager) writes a new
+// pg_inherits row with another xmin. So a table detached while a run prunes
+// the records of months no table holds, or while it indexes a pending range
+// through the archive (and so finishes the range without the table's rows),
+// is unrecorded again as soon as it is attached again, and the next run
+// adopts it, marking its bounds pending. That is why forgetting, adopting,
+// indexing and pruning need not read the catalog at one moment: none of
+// them can make the registry vouch for an attachment whose rows it did not
+// see. forgetSQL only keeps the registry small (and an OID reused by a later
+// table from meeting an old row).
+//
+// A schema at migration 012 has no attachments: a partition is then recorded
+// by OID alone (forget012SQL, unadopted012SQL), which has the hole above until
+// migrate runs.
 const (
 	forgetSQL = `
 DELETE FROM idempotency_archive_recorded_partitions r
- WHERE r.partition NOT IN (SELECT t.relid FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t WHERE t.level >= 1)`
+ WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
+                     JOIN pg_catalog.pg_inherits i ON i.inhrelid = t.relid
+                    WHERE t.level >= 1 AND t.relid = r.partition AND i.xmin = r.attached)`
+	// unadoptedSQL lists the partitions of the archive's tree (not
+	// detach-pending: the manager attaches those again itself) whose rows
+	// the records may not cover, and why.
 	unadoptedSQL = `
-SELECT c.oid, c.relname
+SELECT c.oid, c.relname,
+       CASE WHEN NOT idempotency_archive_partition_recorded(c.oid)
+            THEN 'attached by hand and not adopted: the rows it held when attached are not recorded'
+            ELSE 'lacks a recording trigger (or one is disabled): rows written into it by name are not recorded'
+       END
+  FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
+  JOIN pg_class c ON c.oid = t.relid
+ WHERE t.level >= 1
+   AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = t.relid AND i.inhdetachpending)
+   AND NOT (idempotency_archive_partition_recorded(c.oid) AND idempotency_archive_partition_triggered(c.oid))
+ ORDER BY t.level, c.relname`
+	forget012SQL = `
+DELETE FROM idempotency_archive_recorded_partitions r
+ WHERE r.partition NOT IN (SELECT t.relid FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t WHERE t.level >= 1)`
+	unadopted012SQL = `
+SELECT c.oid, c.relname, 'attached by hand and not adopted: the rows it held when attached are not recorded'
   FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
   JOIN pg_class c ON c.oid = t.relid
  WHERE t.level >= 1
@@ -865,39 +903,100 @@ SELECT c.oid, c.relname
 	adoptSQL = "SELECT idempotency_archive_adopt_partition($1)"
 )
 
+// Unrecorded is a partition of the archive whose rows lookups may miss
+// until a partitions run adopts it.
+type Unrecorded struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
+// ErrNoRegistry is returned by ListUnrecorded for a schema from before
+// migration 013, which does not record attachments.
+var ErrNoRegistry = errors.New("the schema does not record which partitions' rows are recorded (migration 13): run `archivectl migrate`")
+
+// ListUnrecorded lists the attached partitions of the archive whose rows the
+// plain-key records may not cover: attached by hand and not adopted yet
+// (their rows, and those of an attachment made after a detach, were never
+// recorded), or lacking the recording triggers. Lookups of keys without a
+// timestamp, and of keys used long after theirs, can miss their rows until a
+// partitions run adopts them. A detach-pending partition is not listed:
+// its rows are invisible to every query (see Partition.DetachPending).
+func ListUnrecorded(ctx context.Context, pool *pgxpool.Pool) ([]Unrecorded, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire connection: %w", err)
+	}
+	defer conn.Release()
+	tbl, err := lookupTable(ctx, conn.Conn())
+	if err != nil {
+		return nil, err
+	}
+	if !tbl.attachments {
+		return nil, ErrNoRegistry
+	}
+	cands, err := unadopted(ctx, conn.Conn(), tbl)
+	if err != nil {
+		return nil, fmt.Errorf("list unrecorded partitions: %w", err)
+	}
+	out := make([]Unrecorded, len(cands))
+	for i, c := range cands {
+		out[i] = Unrecorded{Name: c.name, Reason: c.reason}
+	}
+	return out, nil
+}
+
+// candidate is a partition to adopt.
+type candidate struct {
+	oid    uint32
+	name   string
+	reason string
+}
+
+func unadopted(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, tbl table) ([]candidate, error) {
+	sql := unadoptedSQL
+	if !tbl.attachments {
+		sql = unadopted012SQL
+	}
+	rows, err := db.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
+		var c candidate
+		err := row.Scan(&c.oid, &c.name, &c.reason)
+		return c, err
+	})
+}
+
 // adopt marks the bounds of every partition attached by something other
 // than the manager (an owner's ATTACH PARTITION of a month restored from a
-// dump) pending, when it has rows, gives it the archive's recording
-// triggers, and records it as covered: its rows no trigger saw are then
-// read in full by lookups until maintainPlainKeys has recorded them, as the
-// rows of a month the manager attached are. Each partition is adopted in a
-// transaction of its own, so that no partition's lock is held while
-// another's is tried, and one that cannot be adopted (its triggers cannot be
-// created) is reported without holding up the others. It returns the
-// partitions adopted (in a dry run, those it would adopt), and those that
-// failed.
-func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, dryRun bool) ([]string, []Failure, error) {
-	type candidate struct {
-		oid  uint32
-		name string
-	}
+// dump, or of a table detached and attached again), or lacking the
+// recording triggers, pending, when it has rows, gives it the archive's
+// recording triggers, and records its attachment as covered: its rows no
+// trigger saw are then read in full by lookups until maintainPlainKeys has
+// recorded them, as the rows of a month the manager attached are. Each
+// partition is adopted in a transaction of its own, so that no partition's
+// lock is held while another's is tried, and one that cannot be adopted (its
+// triggers cannot be created, its writers never left it free) is reported
+// without holding up the others. It returns the partitions adopted (in a dry
+// run, those it would adopt), and those that failed.
+func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, tbl table, dryRun bool) ([]string, []Failure, error) {
 	var candidates []candidate
 	settings := database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout)
 	err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
 		if !dryRun {
-			if _, err := tx.Exec(ctx, forgetSQL); err != nil {
+			forget := forgetSQL
+			if !tbl.attachments {
+				forget = forget012SQL
+			}
+			if _, err := tx.Exec(ctx, forget); err != nil {
 				return err
 			}
 		}
-		rows, err := tx.Query(ctx, unadoptedSQL)
-		if err != nil {
-			return err
-		}
-		candidates, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
-			var c candidate
-			err := row.Scan(&c.oid, &c.name)
-			return c, err
-		})
+		var err error
+		candidates, err = unadopted(ctx, tx, tbl)
 		return err
 	})
 	if err != nil {
@@ -917,10 +1016,19 @@ func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, dryRun bool) ([]str
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return adopted, failed, err
+		case database.SQLState(err) == database.CodeLockNotAvailable:
+			// Its writers (or a lock the adoption needs) never left it free
+			// (migration 013 raises this; before it, such a partition came
+			// back NULL and the run looked clean while lookups could miss
+			// its rows). Nothing was done; the next run tries again.
+			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf(
+				"partition %s was not adopted: it was never free of writers long enough (it is %s; lookups of keys without a timestamp "+
+					"can miss its rows until a run adopts it: run archivectl partitions again when its writers are done): %v", c.name, c.reason, err)})
 		case err != nil:
 			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf("adopt partition attached by hand: %v", err)})
 		case problem == nil:
-			// Busy, detached or adopted meanwhile: the next run looks again.
+			// Detached or adopted meanwhile (or, before migration 013,
+			// busy): the next run looks again.
 		case *problem != "":
 			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf(
 				"partition attached by hand: its rows are marked pending, but it cannot be given the archive's recording triggers "+
@@ -1029,7 +1137,15 @@ func attachStatements(tbl table, p Partition) []string {
 		// are recorded by its own triggers (migration 012).
 		after = append(after, fmt.Sprintf("SELECT %s(%s)", tbl.sibling("idempotency_archive_partition_triggers"), partClass))
 	}
-	if tbl.adopts {
+	switch {
+	case tbl.attachments:
+		// The attachment this transaction made (migration 013): its
+		// pg_inherits row, written by the ATTACH above, carries this
+		// transaction's xid as xmin.
+		after = append(after, fmt.Sprintf("INSERT INTO %s (partition, attached) SELECT i.inhrelid, i.xmin FROM pg_catalog.pg_inherits i WHERE i.inhrelid = %s "+
+			"ON CONFLICT (partition) DO UPDATE SET attached = EXCLUDED.attached",
+			tbl.sibling("idempotency_archive_recorded_partitions"), partClass))
+	case tbl.adopts:
 		after = append(after, fmt.Sprintf("INSERT INTO %s (partition) VALUES (%s) ON CONFLICT (partition) DO NOTHING",
 			tbl.sibling("idempotency_archive_recorded_partitions"), partClass))
 	}
@@ -1186,6 +1302,9 @@ type table struct {
 	// triggers: the schema has migration 012's function that gives a
 	// partition the archive's recording triggers.
 	triggers bool
+	// attachments: the record names the attachment of each partition, not
+	// only its OID (migration 013).
+	attachments bool
 }
 
 func (t table) qualified() string { return pgx.Identifier{t.schema, ArchiveTable}.Sanitize() }
@@ -1196,13 +1315,18 @@ const tableSQL = `
 SELECT c.oid, n.nspname, pg_get_userbyid(c.relowner),
        to_regclass(quote_ident(n.nspname) || '.idempotency_archive_recorded_partitions') IS NOT NULL
        AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_partition(oid)') IS NOT NULL,
-       to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_triggers(regclass)') IS NOT NULL
+       to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_triggers(regclass)') IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = to_regclass(quote_ident(n.nspname) || '.idempotency_archive_recorded_partitions')
+                  AND a.attname = 'attached' AND NOT a.attisdropped)
+       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_recorded(oid)') IS NOT NULL
+       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_triggered(oid)') IS NOT NULL
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.oid = to_regclass('idempotency_key_archive')`
 
 func lookupTable(ctx context.Context, conn *pgx.Conn) (table, error) {
 	var t table
-	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts, &t.triggers)
+	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts, &t.triggers, &t.attachments)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, errors.New("table idempotency_key_archive not found on the search_path: run `archivectl migrate` first")
 	}

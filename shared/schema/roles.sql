@@ -51,7 +51,9 @@ BEGIN
                              'idempotency_key_has_time', 'idempotency_key_hash', 'idempotency_key_prompt_span',
                              'idempotency_key_time_bound', 'idempotency_key_late_bound', 'idempotency_key_time_before',
                              'idempotency_key_expiry_hour', 'idempotency_copy_pending_range',
-                             'idempotency_archive_adopt_partition', 'idempotency_archive_partition_triggers')
+                             'idempotency_archive_adopt_partition', 'idempotency_archive_partition_triggers',
+                             'idempotency_archive_partition_recorded', 'idempotency_archive_partition_triggered',
+                             'idempotency_index_updated_plain_key')
            AND p.proowner <> 'idempotency_owner'::regrole
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);

@@ -1,13 +1,22 @@
-// Package verify runs the runbook's four verification checks against a live
+// Package verify runs the runbook's four verification checks, and a fifth of its own, against a live
 // database: the expired backlog is zero, recent archive rows exist, the archive
 // has no column able to hold a payload, and partitions exist at least two
-// months ahead. A DEFAULT partition (added by hand) fails the last check, with
-// what to do: rows of months without a partition land in it and block those
-// months' partitions.
+// months ahead. A DEFAULT partition (added by hand) fails the partitions
+// check, with what to do: rows of months without a partition land in it and
+// block those months' partitions; so does a detach-pending partition, whose
+// rows no query sees.
+//
+// A fifth check holds the invariant lookups rest on: every attached
+// partition's rows are recorded for lookups of keys without a timestamp (or
+// lie in a pending range that they read in full). It fails while a partition
+// attached by hand is not adopted yet, or lacks the recording triggers
+// (partition.ListUnrecorded): such a lookup can answer not found for a key
+// whose row is in the archive.
 package verify
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/partition"
 )
 
@@ -41,7 +51,7 @@ type Options struct {
 // archiveColumns is the archive's whole, payload-free column set.
 var archiveColumns = []string{"created_at", "expired_at", "fingerprint", "resource_id", "scoped_key", "status_code"}
 
-// Run performs the four checks. An error means a check could not run at all.
+// Run performs the checks. An error means a check could not run at all.
 func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error) {
 	if opts.Recent == 0 {
 		opts.Recent = 24 * time.Hour
@@ -106,9 +116,12 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	}
 	var newest time.Time
 	var advice []string
-	hasDefault := false
+	hasDefault, detachPending := false, false
 	for _, p := range parts {
 		if p.DetachPending {
+			// Whatever its month: its rows are invisible to every lookup
+			// until a partitions run attaches it again.
+			detachPending = true
 			advice = append(advice, fmt.Sprintf("%s is detach-pending (its rows are invisible): run archivectl partitions to attach it again", p.Name))
 			continue
 		}
@@ -137,8 +150,40 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	if len(advice) > 0 {
 		figure += "; " + strings.Join(advice, "; ")
 	}
-	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0 && !hasDefault, figure})
-	return checks, nil
+	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0 && !hasDefault && !detachPending, figure})
+
+	check, err := recorded(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	return append(checks, check), nil
+}
+
+// recorded checks that lookups of keys without a timestamp find every
+// attached partition's rows (see partition.ListUnrecorded).
+func recorded(ctx context.Context, pool *pgxpool.Pool) (Check, error) {
+	const name = "every partition's rows are recorded"
+	unrecorded, err := partition.ListUnrecorded(ctx, pool)
+	if errors.Is(err, partition.ErrNoRegistry) {
+		return Check{name, false, err.Error()}, nil
+	}
+	if database.SQLState(err) == database.CodeInsufficientPrivilege {
+		// Unknown is no pass: the registry is the owner's alone.
+		return Check{name, false, "cannot read which partitions are recorded (idempotency_archive_recorded_partitions is the owner's): " +
+			"run verify as a member of idempotency_owner"}, nil
+	}
+	if err != nil {
+		return Check{}, err
+	}
+	if len(unrecorded) == 0 {
+		return Check{name, true, "every attached partition is adopted, with the recording triggers"}, nil
+	}
+	var problems []string
+	for _, u := range unrecorded {
+		problems = append(problems, fmt.Sprintf("%s: %s", u.Name, u.Reason))
+	}
+	return Check{name, false, strings.Join(problems, "; ") +
+		"; lookups of keys without a timestamp can miss these rows until a partitions run adopts the partition: run archivectl partitions"}, nil
 }
 
 // overlaps reports whether p's bounds meet [from, to). Bounds the partition
