@@ -158,14 +158,7 @@ func count(t *testing.T, b bundle, sql string, args ...any) int64 {
 // created, its properties changed by mutate.
 func (b bundle) update(t *testing.T, mutate func(map[string]any)) []byte {
 	t.Helper()
-	var ev, created map[string]any
-	require.NoError(t, json.Unmarshal(b.event(t, "migrate-cfn-create.json", mutate), &ev))
-	require.NoError(t, json.Unmarshal(b.event(t, "migrate-cfn-create.json", nil), &created))
-	ev["RequestType"], ev["PhysicalResourceId"] = "Update", PhysicalID
-	ev["OldResourceProperties"] = created["ResourceProperties"]
-	out, err := json.Marshal(ev)
-	require.NoError(t, err)
-	return out
+	return b.transition(t, nil, mutate)
 }
 
 func memberOf(t *testing.T, b bundle, user, role string) bool {

@@ -1,6 +1,7 @@
 package database
 
 import (
+	"encoding/hex"
 	"errors"
 	"net/netip"
 	"strings"
@@ -150,10 +151,8 @@ func percentDecode(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		if s[i] == '%' && i+2 < len(s) {
-			hi, ok1 := unhex(s[i+1])
-			lo, ok2 := unhex(s[i+2])
-			if ok1 && ok2 {
-				b.WriteByte(hi<<4 | lo)
+			if v, err := hex.DecodeString(s[i+1 : i+3]); err == nil {
+				b.WriteByte(v[0])
 				i += 2
 				continue
 			}
@@ -161,18 +160,6 @@ func percentDecode(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
-}
-
-func unhex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
 }
 
 // secretPlaceholderHost stands for the secret's host until the first
