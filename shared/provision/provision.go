@@ -185,43 +185,93 @@ func mayCreateRoles(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	return may, nil
 }
 
-// revokeMoved revokes from the user name the role the previous run gave it,
-// when this run gives it another role (keep) or none (keep ""): an Update
-// that moves a name from one function to another (swapped names, a rename
-// that reuses one), or drops it, must not leave a user able to do another
-// function's work. A name that drops out is revoked at once, not when a
-// later deploy reuses it: that deploy's previous properties no longer name
-// it (a rename S to S2, then S given to the lookup function, would leave
-// the lookup function's user able to delete live keys). A role the deploy
-// never gave the name (an operator's grant, as an API that reads the
-// archive with its live store's user needs) is left alone, and so are the
-// dropped user's LOGIN and rds_iam: the deploy may not have created it.
-// The revoke is checked: on PostgreSQL 16 and later it removes only the
+// A function's user (sweeper, lookup, partitions) holds its function's role
+// and no other of the project's: revokeOthers takes the others away. Were a
+// name used by one function and later given to another (swapped names, a
+// rename that frees a name a later deploy reuses), it would otherwise keep
+// the first function's rights: the lookup function's user could delete live
+// keys. The API services' user (WriterUser) is the exception: an operator
+// may grant it more (idempotency_reader, as an API that reads the archive
+// with its live store's user needs), so only the role the previous deploy
+// gave its name, when that was another, is revoked (revokeMoved).
+//
+// A name the previous deploy gave a function and this one gives no one
+// loses that role (revokeDropped), unless it is the migrating user or a
+// privileged role (the properties of a failed Update, which named one and
+// was refused, come back as the previous ones in its rollback), and keeps
+// its LOGIN and rds_iam, which the deploy may not have given. A dropped
+// WriterUser keeps its role: the live API may still connect as it.
+//
+// Each revoke is checked: on PostgreSQL 16 and later it removes only the
 // migrating user's own grant, and a membership another role granted would
 // stay.
-func revokeMoved(ctx context.Context, tx pgx.Tx, name, keep string, previous Users) error {
-	for _, old := range previous.roles() {
-		if old.Name != name || old.Role == keep {
-			continue
-		}
-		var member bool
-		if err := tx.QueryRow(ctx, directMemberSQL, old.Role, name).Scan(&member); err != nil {
-			return fmt.Errorf("look up %s's roles: %w", name, err)
-		}
-		if !member {
-			continue
-		}
-		if _, err := tx.Exec(ctx, "REVOKE "+pgx.Identifier{old.Role}.Sanitize()+" FROM "+pgx.Identifier{name}.Sanitize()); err != nil {
-			return fmt.Errorf("revoke %s from %s, whose name the previous deploy gave that role: %w", old.Role, name, err)
-		}
-		if err := tx.QueryRow(ctx, directMemberSQL, old.Role, name).Scan(&member); err != nil {
-			return fmt.Errorf("look up %s's roles: %w", name, err)
-		}
-		if member {
-			return fmt.Errorf("user %s is still a member of %s, which the previous deploy gave its name, after REVOKE (another role granted it): revoke it by hand, or choose another name", name, old.Role)
+
+// projectRoles are the group roles the deploy grants.
+var projectRoles = []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole}
+
+// revoke revokes role from name where name is a direct member, and checks
+// that the membership is gone.
+func revoke(ctx context.Context, tx pgx.Tx, role, name, why string) error {
+	var member bool
+	if err := tx.QueryRow(ctx, directMemberSQL, role, name).Scan(&member); err != nil {
+		return fmt.Errorf("look up %s's roles: %w", name, err)
+	}
+	if !member {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, "REVOKE "+pgx.Identifier{role}.Sanitize()+" FROM "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("revoke %s from %s, %s: %w", role, name, why, err)
+	}
+	if err := tx.QueryRow(ctx, directMemberSQL, role, name).Scan(&member); err != nil {
+		return fmt.Errorf("look up %s's roles: %w", name, err)
+	}
+	if member {
+		return fmt.Errorf("user %s is still a member of %s after REVOKE (another role granted it), %s: revoke it by hand, or choose another name", name, role, why)
+	}
+	return nil
+}
+
+// revokeOthers revokes from a function's user every project role but its own.
+func revokeOthers(ctx context.Context, tx pgx.Tx, u User) error {
+	for _, role := range projectRoles {
+		if role != u.Role {
+			if err := revoke(ctx, tx, role, u.Name, "a function's user holds its function's role alone"); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// revokeMoved revokes from the API services' user the role the previous
+// deploy gave its name, when that was another.
+func revokeMoved(ctx context.Context, tx pgx.Tx, u User, previous Users) error {
+	for _, old := range previous.roles() {
+		if old.Name == u.Name && old.Role != u.Role {
+			if err := revoke(ctx, tx, old.Role, u.Name, "whose name the previous deploy gave that role"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// revokeDropped revokes from a function's user that this deploy names no
+// more the role the previous deploy gave it, unless it is the migrating user
+// or a privileged role, or does not exist.
+func revokeDropped(ctx context.Context, tx pgx.Tx, old User, logger *slog.Logger) error {
+	var exists, canLogin, privileged bool
+	err := tx.QueryRow(ctx, privilegedSQL, old.Name).Scan(&exists, &canLogin, &privileged)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up user %s: %w", old.Name, err)
+	case privileged:
+		logger.WarnContext(ctx, "the previous properties named the migrating user or a privileged role: its roles are left alone", "user", old.Name)
+		return nil
+	}
+	return revoke(ctx, tx, old.Role, old.Name, "whose name the previous deploy gave that role and this one gives no function")
 }
 
 // directMemberSQL says whether role $2 is a direct member of role $1.
@@ -238,16 +288,16 @@ func (u Users) roles() []User {
 }
 
 // ensureUsers creates each named user (WITH LOGIN, no password) and grants it
-// its group role, and rds_iam where that exists; it revokes the role the
-// previous deploy gave a name that now has another role or none
-// (revokeMoved).
+// its group role, and rds_iam where that exists, and revokes the roles a
+// user may no longer hold (see revoke).
 func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, mayCreateRoles bool, logger *slog.Logger) ([]User, error) {
 	wanted := users.roles()
 	out := []User{}
-	var dropped []string
+	var dropped []User
 	for _, old := range previous.roles() {
-		if old.Name != "" && !slices.ContainsFunc(wanted, func(u User) bool { return u.Name == old.Name }) && !slices.Contains(dropped, old.Name) {
-			dropped = append(dropped, old.Name)
+		if old.Name != "" && old.Role != schema.WriterRole && userName.MatchString(old.Name) &&
+			!slices.ContainsFunc(wanted, func(u User) bool { return u.Name == old.Name }) {
+			dropped = append(dropped, old)
 		}
 	}
 	if users == (Users{}) && len(dropped) == 0 {
@@ -294,7 +344,11 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 			if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+ident); err != nil {
 				return fmt.Errorf("grant %s to %s: %w", u.Role, u.Name, err)
 			}
-			if err := revokeMoved(ctx, tx, u.Name, u.Role, previous); err != nil {
+			strip := revokeOthers
+			if u.Role == schema.WriterRole {
+				strip = func(ctx context.Context, tx pgx.Tx, u User) error { return revokeMoved(ctx, tx, u, previous) }
+			}
+			if err := strip(ctx, tx, u); err != nil {
 				return err
 			}
 			if iam {
@@ -305,22 +359,9 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 			}
 			out = append(out, u)
 		}
-		for _, name := range dropped {
-			if err := revokeMoved(ctx, tx, name, "", previous); err != nil {
+		for _, old := range dropped {
+			if err := revokeDropped(ctx, tx, old, logger); err != nil {
 				return err
-			}
-		}
-		// The owner creates partitions, which needs CREATE on the schema;
-		// since PostgreSQL 15 the public schema no longer grants it to
-		// everyone, and schema's roles.sql does not grant it either.
-		if users.Owner != "" {
-			var schemaName string
-			if err := tx.QueryRow(ctx, "SELECT current_schema()").Scan(&schemaName); err != nil {
-				return fmt.Errorf("read current schema: %w", err)
-			}
-			grant := "GRANT USAGE, CREATE ON SCHEMA " + pgx.Identifier{schemaName}.Sanitize() + " TO " + pgx.Identifier{schema.OwnerRole}.Sanitize()
-			if _, err := tx.Exec(ctx, grant); err != nil {
-				return fmt.Errorf("grant CREATE on schema %s to %s: %w", schemaName, schema.OwnerRole, err)
 			}
 		}
 		if !iam && len(out) > 0 {

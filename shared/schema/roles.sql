@@ -25,6 +25,11 @@ BEGIN
     IF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER') THEN
         EXECUTE format('GRANT idempotency_owner TO %I', current_user);
     END IF;
+    -- The owner creates partitions, and a new owner must have CREATE on the
+    -- table's schema for ALTER ... OWNER TO it (checked for every migrating
+    -- user but a superuser: the RDS master user included). Since
+    -- PostgreSQL 15 the public schema grants CREATE to no one but its owner.
+    EXECUTE format('GRANT USAGE, CREATE ON SCHEMA %I TO idempotency_owner', current_schema());
     -- Only where the owner is not right yet: ALTER ... OWNER takes an ACCESS
     -- EXCLUSIVE lock even when nothing changes, and this runs on every
     -- deploy, beside lookups and sweeps. ALTER TABLE ... OWNER does not
