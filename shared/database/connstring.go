@@ -9,10 +9,22 @@ import (
 
 // errAmbiguousURL is the one message for a connection string whose parts
 // cannot be told apart with certainty. pgx, like libpq, ends the user and
-// password at the first '@' (and the whole authority at the first '/'), so an
-// unescaped '@' or '/' in a password moves the rest of it into the host or
-// the database name, where errors, logs and DNS lookups would carry it. The
-// message therefore echoes nothing of the string.
+// password at the first '@' before any '/' (even one inside what looks like
+// a query), so an unescaped '@' or '/' in a password moves the rest of it
+// into the host or the database name, where errors, logs and DNS lookups
+// would carry it. The message therefore echoes nothing of the string.
+//
+// A URL is refused as ambiguous when (the invariant: whatever pgx reads as
+// host or database holds nothing of the user name or password):
+//   - what pgx takes for the user name and password holds a '?' or '#': the
+//     '@' that ended it was inside a query (a password=...@... parameter of
+//     a URL without a path), and what follows it is the password's tail;
+//   - the raw path holds an '@': a '/' in the password ended the authority;
+//   - a host pgx parsed is not a plausible host name (PoolConfig): an '@' in
+//     the password left its tail in front of the real host.
+//
+// An '@' in a query value after the user name, or a percent-encoded '@' in
+// the database name, is not ambiguous and is accepted.
 var errAmbiguousURL = errors.New("database URL is ambiguous (its host or database name would hold part of the user name or password): percent-encode @ / : ? # in the user name and password as %40 %2F %3A %3F %23")
 
 // settingsNamed reports which settings a connection string names itself, by
@@ -48,16 +60,10 @@ func namedSettings(connString string) (settingsNamed, error) {
 	if !ok {
 		p, _ = strings.CutPrefix(connString, "postgres://")
 	}
-	// Only a '/' ends the authority; a second '@' in it means the user
-	// name or password holds one unescaped.
-	authority := p
-	if i := strings.IndexByte(p, '/'); i >= 0 {
-		authority = p[:i]
-	}
-	if strings.Count(authority, "@") > 1 {
-		return n, errAmbiguousURL
-	}
 	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
+		if strings.ContainsAny(p[:i], "?#") {
+			return n, errAmbiguousURL
+		}
 		p = p[i+1:]
 	}
 	end := strings.IndexAny(p, "/?")
@@ -86,6 +92,9 @@ func namedSettings(connString string) (settingsNamed, error) {
 		p = ""
 		if i := strings.IndexByte(rest, '?'); i >= 0 {
 			db, p = rest[:i], rest[i:]
+		}
+		if strings.IndexByte(db, '@') >= 0 {
+			return n, errAmbiguousURL
 		}
 		if db != "" {
 			n.keys["database"] = true

@@ -172,9 +172,6 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 			return nil, named, &ConfigError{Field: "URL", Msg: errAmbiguousURL.Error()}
 		}
 	}
-	if strings.ContainsAny(cc.Database, "@/") {
-		return nil, named, &ConfigError{Field: "URL", Msg: errAmbiguousURL.Error()}
-	}
 	// The pool's size is MaxConns (DATABASE_MAX_CONNS), which would
 	// silently override a size in the URL. Asked of the parser (pgxpool
 	// takes the setting out of what it returns), so that an encoded name
@@ -311,6 +308,13 @@ func verifyFull(cc *pgx.ConnConfig, roots *x509.CertPool) {
 			t := &tls.Config{}
 			if template != nil {
 				t = template.Clone()
+			} else if cc.SSLNegotiation == "direct" {
+				// sslmode=disable: pgx built no TLS settings to start from.
+				// A direct handshake needs the ALPN pgx would have set
+				// (PostgreSQL 17 refuses one without it). Client
+				// certificates, which pgx reads only for a TLS sslmode,
+				// are not loaded.
+				t.NextProtos = []string{"postgresql"}
 			}
 			t.InsecureSkipVerify, t.VerifyPeerCertificate, t.VerifyConnection = false, nil, nil
 			t.RootCAs, t.ServerName = roots, a.Host

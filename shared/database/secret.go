@@ -144,14 +144,11 @@ func (s *secretSource) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) er
 // apply fills cc with the credentials of sec, and with whichever of host,
 // port and database DATABASE_URL does not name: the host when the URL names
 // none, the port when it names neither host nor port (a proxy's port is not
-// the instance's), the database when it names none. A secret whose port or
-// host is not one is refused whether or not it is used; the message holds no
-// value of the secret.
+// the instance's), the database when it names none. A host or port of the
+// secret that is used and is not one is refused (one that is not used, as
+// behind a proxy the URL names, is not read); the message holds no value of
+// the secret.
 func (s *secretSource) apply(cc *pgx.ConnConfig, sec rdsSecret) error {
-	port, hasPort, err := parsePort(sec.Port)
-	if err != nil {
-		return err
-	}
 	cc.User, cc.Password = sec.Username, sec.Password
 	if !s.fromURL.database() && sec.DBName != "" {
 		cc.Database = sec.DBName
@@ -165,8 +162,15 @@ func (s *secretSource) apply(cc *pgx.ConnConfig, sec rdsSecret) error {
 	case !plausibleHost(sec.Host):
 		return errors.New("database secret has an invalid host")
 	}
-	if s.fromURL.port() || !hasPort {
-		port = cc.Port
+	port := cc.Port
+	if !s.fromURL.port() {
+		p, hasPort, err := parsePort(sec.Port)
+		if err != nil {
+			return err
+		}
+		if hasPort {
+			port = p
+		}
 	}
 	// Every attempt of the placeholder (one host; two under sslmode=prefer
 	// or allow) now goes to the secret's host.

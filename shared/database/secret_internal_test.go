@@ -30,6 +30,16 @@ func TestASecretPortIsReadStrictly(t *testing.T) {
 		err = (&secretSource{}).apply(cc, rdsSecret{Username: "u", Password: "p", Host: "db.example.com", Port: json.RawMessage(raw)})
 		require.EqualError(t, err, errSecretPort.Error(), raw)
 	}
+	// Behind a proxy the URL names, the secret's port is not used, and a
+	// hand-made secret's odd port does not fail every connection.
+	c := Config{URL: "postgres://proxy.example.com/archive?sslmode=verify-full", SecretARN: "arn:x"}
+	cfg, named, err := c.poolConfig()
+	require.NoError(t, err)
+	for _, raw := range []string{`""`, `5432.0`} {
+		cc := cfg.ConnConfig.Copy()
+		require.NoError(t, (&secretSource{fromURL: named}).apply(cc, rdsSecret{Username: "u", Password: "p", Host: "instance.example.com", Port: json.RawMessage(raw)}), raw)
+		require.Equal(t, "proxy.example.com", cc.Host)
+	}
 }
 
 // apply takes from the secret what DATABASE_URL does not name: the host

@@ -29,7 +29,9 @@ func TestTheDeadlineMarginCoversTheStatementTimeout(t *testing.T) {
 		{map[string]string{"SWEEP_DEADLINE_MARGIN": "30500us"}, "SWEEP_DEADLINE_MARGIN: must be a whole number of milliseconds"},
 		{map[string]string{"SWEEP_DEADLINE_MARGIN": "1ns"}, "SWEEP_DEADLINE_MARGIN: must be a whole number of milliseconds"},
 		{map[string]string{"SWEEP_STATEMENT_TIMEOUT": "15m"}, "SWEEP_STATEMENT_TIMEOUT: 15m0s is longer than the default deadline margin (14m59s"},
-		{map[string]string{"SWEEP_STATEMENT_TIMEOUT": "14m59001ms"}, "SWEEP_STATEMENT_TIMEOUT"},
+		{map[string]string{"SWEEP_STATEMENT_TIMEOUT": "14m59001ms"}, "use at most 14m59s, or set SWEEP_DEADLINE_MARGIN between the two"},
+		// The advice can be followed: a margin between the two is accepted.
+		{map[string]string{"SWEEP_STATEMENT_TIMEOUT": "14m59001ms", "SWEEP_DEADLINE_MARGIN": "14m59999ms"}, ""},
 		{map[string]string{"SWEEP_STATEMENT_TIMEOUT": "14m59s"}, ""},
 		{map[string]string{"SWEEP_DEADLINE_MARGIN": "30s"}, ""},
 		{map[string]string{"SWEEP_DEADLINE_MARGIN": "5m", "SWEEP_STATEMENT_TIMEOUT": "5m"}, ""},
@@ -43,6 +45,10 @@ func TestTheDeadlineMarginCoversTheStatementTimeout(t *testing.T) {
 				t.Errorf("%v: margin %s under the statement timeout %s", tc.vars, c.DeadlineMargin, c.StatementTimeout)
 			}
 			continue
+		}
+		if tc.vars["SWEEP_STATEMENT_TIMEOUT"] == "15m" && err != nil && strings.Contains(err.Error(), "SWEEP_DEADLINE_MARGIN") {
+			// No margin is at least 15m and under 15m: no advice to set one.
+			t.Errorf("%v: %v advises a margin that cannot be set", tc.vars, err)
 		}
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want %q", tc.vars, err, tc.want)

@@ -75,7 +75,7 @@ var Variables = []Variable{
 	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 or 1ms to 15m; 0 means no pause"},
 	{"SWEEP_IN_FLIGHT_GRACE", "15m", "how long past its expiry a key still in flight stays live before it is archived as expired in flight, 0 to 24h; 0 means none"},
 	{"SWEEP_LOCK_TIMEOUT", "2s", "lock_timeout of each batch; whole milliseconds, 1ms to 15m"},
-	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 1ms to 15m"},
+	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 1ms to 14m59.999s (at most the deadline margin, which is under 15m)"},
 	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s, at most 14m59s", "no batch starts when the invocation deadline is closer than this; whole milliseconds, at least SWEEP_STATEMENT_TIMEOUT and under 15m"},
 	{"SWEEP_RESOURCE_ID_PATH", "id", "dotted JSON path of the resource id in the stored response"},
 	{"SWEEP_MISSING_PARTITION", "create", "create: make a missing month's partition and retry; fail: stop with an error naming the month"},
@@ -217,8 +217,14 @@ func checkDeadlineMargin(c sweep.Config, marginSet bool) error {
 		return fmt.Errorf("SWEEP_DEADLINE_MARGIN: must be at least SWEEP_STATEMENT_TIMEOUT (%s), so that a batch that starts has time to finish before the invocation ends; got %s",
 			c.StatementTimeout, c.DeadlineMargin)
 	}
-	return fmt.Errorf("SWEEP_STATEMENT_TIMEOUT: %s is longer than the default deadline margin (%s: the statement timeout + 5s, capped under %s), so a batch could start that the invocation's end kills; use at most %s, or set SWEEP_DEADLINE_MARGIN",
-		c.StatementTimeout, c.DeadlineMargin, sweep.MaxInvocation, c.DeadlineMargin)
+	advice := fmt.Sprintf("use at most %s, or set SWEEP_DEADLINE_MARGIN between the two and under %s", c.DeadlineMargin, sweep.MaxInvocation)
+	if c.StatementTimeout >= sweep.MaxInvocation-time.Millisecond {
+		// No margin can be at least the statement timeout and under
+		// MaxInvocation.
+		advice = fmt.Sprintf("use at most %s", c.DeadlineMargin)
+	}
+	return fmt.Errorf("SWEEP_STATEMENT_TIMEOUT: %s is longer than the default deadline margin (%s: the statement timeout + 5s, capped under %s), so a batch could start that the invocation's end kills; %s",
+		c.StatementTimeout, c.DeadlineMargin, sweep.MaxInvocation, advice)
 }
 
 // databaseVariable names the variable behind a database.Config error.
