@@ -874,26 +874,39 @@ DELETE FROM idempotency_archive_recorded_partitions r
  WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
                      JOIN pg_catalog.pg_inherits i ON i.inhrelid = t.relid
                     WHERE t.level >= 1 AND t.relid = r.partition AND i.xmin = r.attached)`
-	// unadoptedSQL lists the partitions of the archive's tree (not
-	// detach-pending: the manager attaches those again itself) whose rows
-	// the records may not cover, and why.
+	// unadoptedSQL lists the partitions of the archive's tree whose rows
+	// the records may not cover, or that no query reads, and why; stuck
+	// marks a table below a month whose DETACH ... CONCURRENTLY was
+	// interrupted (no query sees its rows, and adoption cannot help: the
+	// manager finalizes and attaches again only months, the archive's own
+	// partitions, which are not listed here).
 	unadoptedSQL = `
 SELECT c.oid, c.relname,
        CASE WHEN NOT idempotency_archive_partition_recorded(c.oid)
             THEN 'attached by hand and not adopted: the rows it held when attached are not recorded'
-            ELSE 'lacks a recording trigger (or one is disabled): rows written into it by name are not recorded'
-       END
+            ELSE 'lacks a recording trigger (or one is disabled or replica-only): rows written into it by name, or moved out of it, are not recorded'
+       END,
+       false
   FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
   JOIN pg_class c ON c.oid = t.relid
  WHERE t.level >= 1
    AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = t.relid AND i.inhdetachpending)
    AND NOT (idempotency_archive_partition_recorded(c.oid) AND idempotency_archive_partition_triggered(c.oid))
- ORDER BY t.level, c.relname`
+UNION ALL
+SELECT c.oid, c.relname,
+       format('detach-pending from %s (an interrupted DETACH ... CONCURRENTLY): no query sees its rows; run ALTER TABLE %s DETACH PARTITION %s FINALIZE, then ATTACH it again',
+              i.inhparent::regclass, i.inhparent::regclass, c.oid::regclass),
+       true
+  FROM pg_inherits i
+  JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhdetachpending
+   AND i.inhparent IN (SELECT t.relid FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t WHERE t.level >= 1)
+ ORDER BY 4, 2`
 	forget012SQL = `
 DELETE FROM idempotency_archive_recorded_partitions r
  WHERE r.partition NOT IN (SELECT t.relid FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t WHERE t.level >= 1)`
 	unadopted012SQL = `
-SELECT c.oid, c.relname, 'attached by hand and not adopted: the rows it held when attached are not recorded'
+SELECT c.oid, c.relname, 'attached by hand and not adopted: the rows it held when attached are not recorded', false
   FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
   JOIN pg_class c ON c.oid = t.relid
  WHERE t.level >= 1
@@ -950,6 +963,8 @@ type candidate struct {
 	oid    uint32
 	name   string
 	reason string
+	// stuck: detach-pending below a month; reported, not adopted.
+	stuck bool
 }
 
 func unadopted(ctx context.Context, db interface {
@@ -965,7 +980,7 @@ func unadopted(ctx context.Context, db interface {
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
 		var c candidate
-		err := row.Scan(&c.oid, &c.name, &c.reason)
+		err := row.Scan(&c.oid, &c.name, &c.reason, &c.stuck)
 		return c, err
 	})
 }
@@ -1005,6 +1020,10 @@ func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, tbl table, dryRun b
 	var adopted []string
 	var failed []Failure
 	for _, c := range candidates {
+		if c.stuck {
+			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf("partition %s is %s", c.name, c.reason)})
+			continue
+		}
 		if dryRun {
 			adopted = append(adopted, c.name)
 			continue

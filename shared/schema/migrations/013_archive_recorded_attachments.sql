@@ -56,28 +56,38 @@ SELECT EXISTS (SELECT 1
                 WHERE r.partition = part)
 $$;
 
--- idempotency_archive_partition_triggered(part): part carries both of the
--- archive's recording triggers, enabled, or lies outside the archive's
--- schema (where it can carry none; see migration 012). A partition that
--- lacks one (dropped or disabled by hand, a pg_restore --disable-triggers
--- that failed half-way) may hold rows written into it by name that no
--- trigger recorded: it counts as unadopted, and its adoption marks its
--- bounds pending and gives the triggers back.
+-- idempotency_archive_partition_triggered(part): part carries the archive's
+-- recording triggers, each enabled for ordinary sessions (tgenabled 'O',
+-- or 'A' always; 'D' disabled and 'R' replica-only fire in no ordinary
+-- session): the two statement triggers, unless part lies outside the
+-- archive's schema (where it can carry none; see migration 012), and the
+-- clone of the archive's BEFORE UPDATE row trigger (below), wherever part
+-- lies, once that trigger exists. A partition that lacks one (dropped,
+-- disabled or set to ENABLE REPLICA by hand, a pg_restore
+-- --disable-triggers that failed half-way) may hold rows written into it, or
+-- moved out of it, that no trigger recorded: it counts as unadopted, and its
+-- adoption marks its bounds pending and enables the triggers again.
 CREATE OR REPLACE FUNCTION idempotency_archive_partition_triggered(part oid) RETURNS boolean
     LANGUAGE sql STABLE AS $$
-SELECT c.relnamespace IS DISTINCT FROM (SELECT a.relnamespace FROM pg_catalog.pg_class a
-                                         WHERE a.oid = to_regclass('idempotency_key_archive'))
-       OR (SELECT count(*) FROM pg_catalog.pg_trigger g
-            WHERE g.tgrelid = part AND g.tgenabled <> 'D'
-              AND g.tgname IN ('idempotency_key_archive_plain_keys', 'idempotency_key_archive_plain_keys_update')) = 2
+SELECT (c.relnamespace IS DISTINCT FROM (SELECT a.relnamespace FROM pg_catalog.pg_class a
+                                          WHERE a.oid = to_regclass('idempotency_key_archive'))
+        OR (SELECT count(*) FROM pg_catalog.pg_trigger g
+             WHERE g.tgrelid = part AND g.tgenabled IN ('O', 'A')
+               AND g.tgname IN ('idempotency_key_archive_plain_keys', 'idempotency_key_archive_plain_keys_update')) = 2)
+       AND (NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger r
+                         WHERE r.tgrelid = to_regclass('idempotency_key_archive')
+                           AND r.tgname = 'idempotency_key_archive_updated_plain_key')
+            OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g
+                        WHERE g.tgrelid = part AND g.tgenabled IN ('O', 'A')
+                          AND g.tgname = 'idempotency_key_archive_updated_plain_key'))
   FROM pg_catalog.pg_class c
  WHERE c.oid = part
 $$;
 
--- As in migration 012, and enables a recording trigger that was disabled
--- (ALTER TABLE ... ENABLE TRIGGER takes the same SHARE ROW EXCLUSIVE lock
--- as CREATE TRIGGER): idempotency_archive_partition_triggered counts only
--- enabled ones.
+-- As in migration 012, and enables a recording trigger that is disabled or
+-- replica-only (ALTER TABLE ... ENABLE TRIGGER takes the same SHARE ROW
+-- EXCLUSIVE lock as CREATE TRIGGER): idempotency_archive_partition_triggered
+-- counts only triggers that fire in ordinary sessions.
 CREATE OR REPLACE FUNCTION idempotency_archive_partition_triggers(part regclass) RETURNS void
     LANGUAGE plpgsql AS $$
 DECLARE
@@ -100,13 +110,18 @@ BEGIN
                             REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT
                             EXECUTE FUNCTION %I.idempotency_index_plain_keys()', tbl, archive_schema);
         END IF;
-        FOR trg IN
-            SELECT tgname FROM pg_trigger
-             WHERE tgrelid = tbl AND tgenabled = 'D'
-               AND tgname IN ('idempotency_key_archive_plain_keys', 'idempotency_key_archive_plain_keys_update')
-        LOOP
-            EXECUTE format('ALTER TABLE %s ENABLE TRIGGER %I', tbl, trg);
-        END LOOP;
+    END LOOP;
+    -- Every recording trigger of the tree not enabled for ordinary sessions
+    -- (disabled, or replica-only), the clones of the archive's row trigger
+    -- in any schema included, is enabled again.
+    FOR tbl, trg IN
+        SELECT g.tgrelid::regclass, g.tgname
+          FROM pg_partition_tree(part) t JOIN pg_trigger g ON g.tgrelid = t.relid
+         WHERE g.tgenabled NOT IN ('O', 'A')
+           AND g.tgname IN ('idempotency_key_archive_plain_keys', 'idempotency_key_archive_plain_keys_update',
+                            'idempotency_key_archive_updated_plain_key')
+    LOOP
+        EXECUTE format('ALTER TABLE %s ENABLE TRIGGER %I', tbl, trg);
     END LOOP;
 END
 $$;
@@ -188,6 +203,18 @@ BEGIN
         hi := 'infinity';
     END IF;
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', part::regclass) INTO has_rows;
+    -- A table of part's tree whose clone of the archive's row trigger does
+    -- not fire may have let a MERGE move rows out of it unrecorded, into any
+    -- month: every expiry is pending then (rare: an owner disabled it).
+    IF EXISTS (SELECT 1 FROM pg_trigger r WHERE r.tgrelid = archive AND r.tgname = 'idempotency_key_archive_updated_plain_key')
+       AND EXISTS (SELECT 1 FROM pg_partition_tree(part) t
+                    WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g
+                                       WHERE g.tgrelid = t.relid AND g.tgenabled IN ('O', 'A')
+                                         AND g.tgname = 'idempotency_key_archive_updated_plain_key')) THEN
+        lo := '-infinity';
+        hi := 'infinity';
+        has_rows := true;
+    END IF;
     IF has_rows THEN
         INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to)
         VALUES (lo, hi)
