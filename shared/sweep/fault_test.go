@@ -108,35 +108,8 @@ func TestSweepersWhoseBackendsAreKilledLoseNothing(t *testing.T) {
 		key := fmt.Sprintf("idem:v1:f%d", i+1)
 		completed.Store(key, 201)
 	}
-	var traffic sync.WaitGroup
 	var trafficDone atomic.Bool
-	for w := range writers {
-		traffic.Add(1)
-		go func() {
-			defer traffic.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
-			for i := range keysPerWriter {
-				key := fmt.Sprintf("idem:v1:t%d-%04d", w, i)
-				ttl := 1 + rng.IntN(20)
-				if _, err := b.db.Pool.Exec(ctx, `INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at) VALUES ($1, $2, now() + $3 * interval '1 millisecond')`,
-					key, dbtest.Fingerprint(key), ttl); err != nil {
-					t.Errorf("register %s: %v", key, err)
-					return
-				}
-				if rng.IntN(3) > 0 {
-					status := 200 + rng.IntN(5)
-					tag, err := b.db.Pool.Exec(ctx, `UPDATE idempotency_keys SET state = 'completed', status_code = $2, response = jsonb_build_object('id', $1::text) WHERE scoped_key = $1`, key, status)
-					if err != nil {
-						t.Errorf("complete %s: %v", key, err)
-						return
-					}
-					if tag.RowsAffected() == 1 {
-						completed.Store(key, status)
-					}
-				}
-			}
-		}()
-	}
+	traffic := liveTraffic(ctx, t, b.db.Pool, writers, keysPerWriter, 20, 11, "idem:v1:t", &completed)
 	go func() { traffic.Wait(); trafficDone.Store(true) }()
 
 	// AND a killer and a monitor

@@ -525,36 +525,7 @@ func TestConcurrentSweepersWithLiveTraffic(t *testing.T) {
 	const writers, keysPerWriter, sweepers = 4, 400, 4
 
 	var completed sync.Map // key -> status, for completions that found the row
-	var traffic sync.WaitGroup
-	for w := range writers {
-		traffic.Add(1)
-		go func() {
-			defer traffic.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for i := range keysPerWriter {
-				key := fmt.Sprintf("idem:v1:w%d-%04d", w, i)
-				ttl := time.Duration(1+rng.IntN(30)) * time.Millisecond
-				_, err := b.db.Pool.Exec(ctx, `INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at) VALUES ($1, $2, now() + $3 * interval '1 millisecond')`,
-					key, dbtest.Fingerprint(key), ttl.Milliseconds())
-				if err != nil {
-					t.Errorf("register %s: %v", key, err)
-					return
-				}
-				if rng.IntN(3) > 0 {
-					status := 200 + rng.IntN(5)
-					tag, err := b.db.Pool.Exec(ctx, `UPDATE idempotency_keys SET state = 'completed', status_code = $2, response = jsonb_build_object('id', $1::text) WHERE scoped_key = $1`,
-						key, status)
-					if err != nil {
-						t.Errorf("complete %s: %v", key, err)
-						return
-					}
-					if tag.RowsAffected() == 1 {
-						completed.Store(key, status)
-					}
-				}
-			}
-		}()
-	}
+	traffic := liveTraffic(ctx, t, b.db.Pool, writers, keysPerWriter, 30, 7, "idem:v1:w", &completed)
 
 	var stop atomic.Bool
 	var sweeps sync.WaitGroup
@@ -1085,4 +1056,40 @@ func TestTheRemedyOfAFailingMissingPartitionHeals(t *testing.T) {
 	res, err = manager(12).Run(ctx, false)
 	require.NoError(t, err)
 	require.Equal(t, []string{partition.Name(yearsBack)}, res.Retired)
+}
+
+// liveTraffic registers keysPerWriter keys of prefix<writer>-<n> from each of
+// writers goroutines, with TTLs of 1 to maxTTL ms, and completes about two
+// thirds of them, storing the status of each completion that found its row
+// in completed. The WaitGroup is done when all have.
+func liveTraffic(ctx context.Context, t *testing.T, pool *pgxpool.Pool, writers, keysPerWriter, maxTTL int, seed uint64, prefix string, completed *sync.Map) *sync.WaitGroup {
+	t.Helper()
+	var traffic sync.WaitGroup
+	for w := range writers {
+		traffic.Add(1)
+		go func() {
+			defer traffic.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
+			for i := range keysPerWriter {
+				key := fmt.Sprintf("%s%d-%04d", prefix, w, i)
+				if _, err := pool.Exec(ctx, `INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at) VALUES ($1, $2, now() + $3 * interval '1 millisecond')`,
+					key, dbtest.Fingerprint(key), 1+rng.IntN(maxTTL)); err != nil {
+					t.Errorf("register %s: %v", key, err)
+					return
+				}
+				if rng.IntN(3) > 0 {
+					status := 200 + rng.IntN(5)
+					tag, err := pool.Exec(ctx, `UPDATE idempotency_keys SET state = 'completed', status_code = $2, response = jsonb_build_object('id', $1::text) WHERE scoped_key = $1`, key, status)
+					if err != nil {
+						t.Errorf("complete %s: %v", key, err)
+						return
+					}
+					if tag.RowsAffected() == 1 {
+						completed.Store(key, status)
+					}
+				}
+			}
+		}()
+	}
+	return &traffic
 }
