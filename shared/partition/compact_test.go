@@ -473,20 +473,24 @@ func TestARebuildThatTimedOutAfterItsSwapIsCompacted(t *testing.T) {
 	db, _, name, before := october(t)
 
 	// GIVEN a transaction that used the partition's indexes (planning locks
-	// them all) and stays open past the rebuild's 2 s
+	// them all) and stays open past the rebuild's 6 s. (The rebuild's waits
+	// before its swap are for the transactions of the whole database, other
+	// packages' tests among them, such as one that holds a snapshot for
+	// seconds: 6 s leaves them time, so that the time runs out after the
+	// swap, where the reader holds it up.)
 	reader, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	_, err = reader.Exec(ctx, "SELECT 1 FROM "+name+" LIMIT 1")
 	require.NoError(t, err)
 	released := make(chan struct{})
 	go func() {
-		time.Sleep(5 * time.Second)
+		time.Sleep(12 * time.Second)
 		_ = reader.Rollback(ctx)
 		close(released)
 	}()
 
-	// WHEN the month is compacted with a 2 s statement timeout
-	cfg := partition.Config{StatementTimeout: 2 * time.Second}
+	// WHEN the month is compacted with a 6 s statement timeout
+	cfg := partition.Config{StatementTimeout: 6 * time.Second}
 	res, err := compacting(t, db, cfg).Run(ctx, false)
 
 	// THEN the rebuilt index is in place, marked compacted, built with
