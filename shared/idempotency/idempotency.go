@@ -408,6 +408,13 @@ func escapeTenant(s string) string {
 }
 
 // ValidateKey reports whether a client key is acceptable.
+//
+// A key that begins or ends with a space is refused: HTTP/1.1 servers
+// (net/textproto) strip the whitespace around a header value and HTTP/2
+// servers hand it on as sent, so such a key would be one key over one
+// protocol and another over the other, and a retry that reached the server
+// over the other (a client falling back to HTTP/1.1, a proxy on one path
+// only) would run again. (A tab is a control character, refused too.)
 func ValidateKey(key string) error {
 	switch {
 	case key == "":
@@ -418,6 +425,8 @@ func ValidateKey(key string) error {
 		return errors.New("the Idempotency-Key is not valid UTF-8")
 	case strings.IndexFunc(key, unicode.IsControl) >= 0:
 		return errors.New("the Idempotency-Key contains control characters")
+	case key[0] == ' ' || key[len(key)-1] == ' ':
+		return errors.New("the Idempotency-Key begins or ends with a space, which HTTP/1.1 drops and HTTP/2 keeps: send it without")
 	}
 	return nil
 }
