@@ -207,7 +207,29 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 		v, _ := fields[i+1].(string)
 		h[k] = v
 	}
+	if ownRegistration(h, req) {
+		// go-redis sends a command again when its reply was lost (an EOF,
+		// a read timeout; MaxRetries): this is the second run of this
+		// request's own registration, which its first run wrote. Taken
+		// for another request's entry, it would be answered 409 in
+		// flight and left in flight for the whole window, neither
+		// completed nor released, for an operation that never ran. Its
+		// times are the first run's (the same command, the same times).
+		e := entryFromHash(h)
+		e.WindowEnded = nil
+		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true, Token: req.Token}, nil
+	}
 	return idempotency.Registration{Entry: entryFromHash(h)}, nil
+}
+
+// ownRegistration reports whether the existing hash h is the in-flight
+// entry that req itself registered (a registration script sent again by
+// the client after its reply was lost). Only a non-empty token can say
+// so: the middleware draws 16 random bytes for each request, so no other
+// request's hash carries them.
+func ownRegistration(h map[string]string, req idempotency.Registering) bool {
+	return len(req.Token) > 0 && h["reg"] == string(req.Token) && h["state"] == "in_flight" &&
+		h["fp"] == string(req.Fingerprint) && h["key"] == req.Key
 }
 
 // windowEnded is the Redis server's verdict on whether an in-flight hash's

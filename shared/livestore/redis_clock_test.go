@@ -146,7 +146,8 @@ func TestTheRedisServerDecidesWhetherAWindowEnded(t *testing.T) {
 	behind.now = func() time.Time { return time.Now().Add(-3 * time.Hour) }
 	verdict := func(st *Redis, skew time.Duration) *bool {
 		r := req
-		r.ClockSkew = skew // a minute: the key is ahead of the slow host's clock
+		r.ClockSkew = skew                   // a minute: the key is ahead of the slow host's clock
+		r.Token = []byte("another request.") // each request draws its own
 		reg, err := st.Register(ctx, r)
 		require.NoError(t, err)
 		require.False(t, reg.Fresh)
