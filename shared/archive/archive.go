@@ -368,7 +368,7 @@ func windowLiteral(month time.Time) string {
 // It emits idempotency_archive_lookup_duration_ms.
 func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byte) (Record, error) {
 	rec := Record{ScopedKey: scopedKey}
-	if err := validateKey(scopedKey); err != nil {
+	if err := ValidateKey(scopedKey); err != nil {
 		return rec, err
 	}
 	start := time.Now()
@@ -795,7 +795,7 @@ type Statement struct {
 // it runs, to learn the next statement's bounds), the archive's, and the
 // proof of a timestamped key's bounds.
 func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Statement, error) {
-	if err := validateKey(scopedKey); err != nil {
+	if err := ValidateKey(scopedKey); err != nil {
 		return nil, err
 	}
 	var out []Statement
@@ -913,7 +913,10 @@ func (r *Reader) forgetWriters() {
 	r.mu.Unlock()
 }
 
-func validateKey(k string) error {
+// ValidateKey reports a scoped key no lookup accepts (ErrInvalidKey): empty,
+// longer than MaxScopedKeyBytes, not UTF-8, or with a NUL byte, which
+// PostgreSQL text cannot hold, so no archived key is one of them.
+func ValidateKey(k string) error {
 	switch {
 	case k == "":
 		return fmt.Errorf("%w: empty", ErrInvalidKey)
@@ -964,11 +967,38 @@ SELECT scoped_key, status_code, resource_id, created_at, expired_at
  ORDER BY scoped_key, expired_at
  LIMIT $9`
 
-// cursor is where a page ended: its last row's key and expiry.
+// cursor is where a page ended: its last row's key and expiry, and the
+// query it continues (queryID; empty in a cursor issued before cursors
+// named their query, which continues any query of a prefix its key starts
+// with).
 type cursor struct {
 	Key       string
 	ExpiredAt time.Time
+	Query     string
 }
+
+// queryID names the query a cursor continues: its prefix and window, as
+// read (rounded up to microseconds), not its page size. A cursor continued
+// under another prefix or window would start after its key there, leaving
+// out, without a word, the rows of that query before it.
+func queryID(prefix string, from, to time.Time) string {
+	h := sha256.New()
+	h.Write([]byte(prefix))
+	h.Write([]byte{0})
+	h.Write([]byte(strconv.FormatInt(from.UnixMicro(), 10) + "," + strconv.FormatInt(to.UnixMicro(), 10)))
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:12])
+}
+
+// maxCursorBytes bounds a cursor's JSON: a key of the archive is at most
+// maxArchivedKeyBytes, and JSON writes each of its bytes in at most six
+// ('<' is \u003c), with room for the rest.
+const maxCursorBytes = 6*maxArchivedKeyBytes + 256
+
+// maxArchivedKeyBytes bounds the keys the archive can hold: btree's limit
+// on an index entry, which the archive's primary key (scoped_key,
+// expired_at) must fit in. Other writers' keys may be this long (the
+// sweeper moves keys of up to 2,000 bytes), well past MaxScopedKeyBytes.
+const maxArchivedKeyBytes = 2704
 
 // cursorJSON is a cursor as issued: the expiry in microseconds since 1970,
 // PostgreSQL's precision, which holds every year from 4713 BC to 294246 AD
@@ -979,6 +1009,7 @@ type cursorJSON struct {
 	Key    string     `json:"k"`
 	Micros *int64     `json:"u,omitempty"`
 	RFC    *time.Time `json:"e,omitempty"`
+	Query  string     `json:"q,omitempty"`
 }
 
 // Timestamps PostgreSQL holds: 4713 BC to 294276 AD.
@@ -1007,7 +1038,7 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	if err != nil {
 		return page, fmt.Errorf("archive investigation query: %w", err)
 	}
-	args, limit, err := r.queryArgs(q, max(r.cfg.MaxLiveTTL, w.maxTTL))
+	args, limit, id, err := r.queryArgs(q, max(r.cfg.MaxLiveTTL, w.maxTTL))
 	if err != nil {
 		return page, err
 	}
@@ -1036,51 +1067,53 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	if len(page.Records) > limit {
 		page.Records = page.Records[:limit]
 		last := page.Records[limit-1]
-		page.NextCursor = encodeCursor(cursor{Key: last.ScopedKey, ExpiredAt: last.ExpiredAt})
+		page.NextCursor = encodeCursor(cursor{Key: last.ScopedKey, ExpiredAt: last.ExpiredAt, Query: id})
 	}
 	return page, nil
 }
 
 // queryArgs validates q and returns the arguments of querySQL, for rows that
-// lived up to ttl, and the page size.
-func (r *Reader) queryArgs(q Query, ttl time.Duration) ([]any, int, error) {
+// lived up to ttl, the page size, and the query's queryID.
+func (r *Reader) queryArgs(q Query, ttl time.Duration) ([]any, int, string, error) {
 	if q.ScopePrefix == "" || !utf8.ValidString(q.ScopePrefix) || len(q.ScopePrefix) > MaxScopedKeyBytes || strings.IndexByte(q.ScopePrefix, 0) >= 0 {
-		return nil, 0, fmt.Errorf("%w: scope prefix must be non-empty UTF-8 without NUL bytes, of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
+		return nil, 0, "", fmt.Errorf("%w: scope prefix must be non-empty UTF-8 without NUL bytes, of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
 	}
 	// PostgreSQL keeps microseconds: both bounds are rounded up to one,
 	// which keeps exactly the times [from, to) holds.
 	from, to := ceilMicrosecond(q.CreatedFrom), ceilMicrosecond(q.CreatedTo)
 	if !from.Before(to) {
-		return nil, 0, fmt.Errorf("%w: created_from must be before created_to", ErrInvalidQuery)
+		return nil, 0, "", fmt.Errorf("%w: created_from must be before created_to", ErrInvalidQuery)
 	}
 	if q.Limit == 0 {
 		q.Limit = 100
 	}
 	if q.Limit < 1 || q.Limit > r.cfg.MaxPageSize {
-		return nil, 0, fmt.Errorf("%w: limit must be between 1 and %d", ErrInvalidQuery, r.cfg.MaxPageSize)
+		return nil, 0, "", fmt.Errorf("%w: limit must be between 1 and %d", ErrInvalidQuery, r.cfg.MaxPageSize)
 	}
 	upper, ok := prefixUpperBound(q.ScopePrefix)
 	if !ok {
-		return nil, 0, fmt.Errorf("%w: a scope prefix made only of U+10FFFF has no upper bound", ErrInvalidQuery)
+		return nil, 0, "", fmt.Errorf("%w: a scope prefix made only of U+10FFFF has no upper bound", ErrInvalidQuery)
 	}
+	id := queryID(q.ScopePrefix, from, to)
 	afterKey := q.ScopePrefix
 	afterExpiry := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	if q.Cursor != "" {
 		c, err := decodeCursor(q.Cursor)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, "", err
 		}
-		if !strings.HasPrefix(c.Key, q.ScopePrefix) {
-			// Read under this prefix it would answer an empty page, as
-			// if the scope held nothing more.
-			return nil, 0, fmt.Errorf("%w: it continues a query of another scope prefix", ErrInvalidCursor)
+		if (c.Query != "" && c.Query != id) || !strings.HasPrefix(c.Key, q.ScopePrefix) {
+			// Read under another prefix or window it would answer a page
+			// without the rows before its key, or an empty one, as if
+			// the scope held nothing more.
+			return nil, 0, "", fmt.Errorf("%w: it continues a query of another scope prefix or window", ErrInvalidCursor)
 		}
 		afterKey, afterExpiry = c.Key, pgtype.Timestamptz{Time: c.ExpiredAt, Valid: true}
 	}
 	return []any{
 		q.ScopePrefix, upper, q.ScopePrefix, afterKey, afterExpiry,
 		from, to, to.Add(ttl), q.Limit + 1,
-	}, q.Limit, nil
+	}, q.Limit, id, nil
 }
 
 // ceilMicrosecond rounds t up to a whole microsecond.
@@ -1093,13 +1126,13 @@ func ceilMicrosecond(t time.Time) time.Time {
 
 func encodeCursor(c cursor) string {
 	micros := c.ExpiredAt.UnixMicro()
-	b, _ := json.Marshal(cursorJSON{Key: c.Key, Micros: &micros}) // a string and an int: never fails
+	b, _ := json.Marshal(cursorJSON{Key: c.Key, Micros: &micros, Query: c.Query}) // strings and an int: never fails
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
 func decodeCursor(s string) (cursor, error) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil || len(b) > 4*MaxScopedKeyBytes {
+	if err != nil || len(b) > maxCursorBytes {
 		return cursor{}, ErrInvalidCursor
 	}
 	var j cursorJSON
@@ -1108,7 +1141,7 @@ func decodeCursor(s string) (cursor, error) {
 	if err := dec.Decode(&j); err != nil || j.Key == "" || !utf8.ValidString(j.Key) || strings.IndexByte(j.Key, 0) >= 0 || (j.Micros == nil) == (j.RFC == nil) {
 		return cursor{}, ErrInvalidCursor
 	}
-	c := cursor{Key: j.Key}
+	c := cursor{Key: j.Key, Query: j.Query}
 	if j.Micros != nil {
 		c.ExpiredAt = time.UnixMicro(*j.Micros).UTC()
 	} else {

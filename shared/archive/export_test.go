@@ -51,7 +51,7 @@ func ExpiryRange(r *Reader, key string) []any {
 }
 
 func QueryArgs(r *Reader, q Query) []any {
-	args, _, err := r.queryArgs(q, r.cfg.MaxLiveTTL)
+	args, _, _, err := r.queryArgs(q, r.cfg.MaxLiveTTL)
 	if err != nil {
 		panic(err)
 	}

@@ -1,0 +1,113 @@
+package archive_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+)
+
+// pages lists q to its end, one page at a time.
+func pages(t *testing.T, r *archive.Reader, q archive.Query) []string {
+	t.Helper()
+	var keys []string
+	for range 20 {
+		page, err := r.Investigate(context.Background(), q)
+		require.NoError(t, err)
+		for _, rec := range page.Records {
+			keys = append(keys, rec.ScopedKey)
+		}
+		if page.NextCursor == "" {
+			return keys
+		}
+		q.Cursor = page.NextCursor
+	}
+	t.Fatal("the query never ended")
+	return nil
+}
+
+// A page that ends on a key JSON escapes heavily ('<', '>' and '&' are six
+// bytes each in a cursor; a key another writer archived may be up to 2,000
+// bytes) still has a cursor the Reader accepts: the rest of the scope is
+// listed, never cut off at that key with invalid_cursor.
+func TestACursorOfAKeyJSONEscapesIsAccepted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	x := time.Date(2026, 11, 10, 10, 0, 0, 0, time.UTC)
+	keys := []string{
+		"idem:v1:" + strings.Repeat("<&>", 120), // 368 bytes, 2,168 in JSON
+		"idem:v1:" + strings.Repeat("k", 1990),  // from a writer whose keys are long
+		"idem:v1:" + strings.Repeat("l", 1980) + "&&&&&&",
+		"idem:v1:z",
+	}
+	for _, k := range keys {
+		dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: k, Status: 201, CreatedAt: x, ExpiredAt: x.Add(24 * time.Hour)})
+	}
+	r := newReader(t, b.reader, nil)
+	got := pages(t, r, archive.Query{ScopePrefix: "idem:v1:", CreatedFrom: x.Add(-time.Hour), CreatedTo: x.Add(time.Hour), Limit: 1})
+	require.Equal(t, keys, got)
+}
+
+// A cursor continues only the query that issued it. One issued under a
+// broader prefix, whose key also starts with a narrower one, or under a
+// narrower prefix and then used with a broader one, or under another
+// window, would answer a page that silently leaves out the keys before the
+// cursor's: an investigation would read it as all there is.
+func TestACursorOfAnotherQueryIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	x := time.Date(2026, 11, 10, 10, 0, 0, 0, time.UTC)
+	for _, k := range []string{"idem:v1t:A:1", "idem:v1t:A:2", "idem:v1t:A:3", "idem:v1t:B:1"} {
+		dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: k, Status: 201, CreatedAt: x, ExpiredAt: x.Add(24 * time.Hour)})
+	}
+	r := newReader(t, b.reader, nil)
+	window := func(p string) archive.Query {
+		return archive.Query{ScopePrefix: p, CreatedFrom: x.Add(-time.Hour), CreatedTo: x.Add(time.Hour), Limit: 2}
+	}
+
+	// Broader, then narrower: the cursor ends on A:2, which starts with
+	// "idem:v1t:A:"; under that prefix A:1 would be left out.
+	page, err := r.Investigate(ctx, window("idem:v1t:"))
+	require.NoError(t, err)
+	require.NotEmpty(t, page.NextCursor)
+	q := window("idem:v1t:A:")
+	q.Cursor = page.NextCursor
+	_, err = r.Investigate(ctx, q)
+	require.ErrorIs(t, err, archive.ErrInvalidCursor, "a cursor of prefix idem:v1t: continued idem:v1t:A:")
+
+	// Narrower, then broader.
+	q = window("idem:v1t:B:")
+	q.Limit = 1
+	dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1t:B:2", Status: 201, CreatedAt: x, ExpiredAt: x.Add(24 * time.Hour)})
+	page, err = r.Investigate(ctx, q)
+	require.NoError(t, err)
+	require.NotEmpty(t, page.NextCursor)
+	q = window("idem:v1t:")
+	q.Cursor = page.NextCursor
+	_, err = r.Investigate(ctx, q)
+	require.ErrorIs(t, err, archive.ErrInvalidCursor, "a cursor of prefix idem:v1t:B: continued idem:v1t:")
+
+	// Another window, same prefix.
+	page, err = r.Investigate(ctx, window("idem:v1t:A:"))
+	require.NoError(t, err)
+	require.NotEmpty(t, page.NextCursor)
+	q = window("idem:v1t:A:")
+	q.CreatedFrom = x.Add(-2 * time.Hour)
+	q.Cursor = page.NextCursor
+	_, err = r.Investigate(ctx, q)
+	require.ErrorIs(t, err, archive.ErrInvalidCursor, "a cursor continued another window")
+
+	// The same query goes on, whatever its page size.
+	q = window("idem:v1t:A:")
+	q.Cursor, q.Limit = page.NextCursor, 5
+	page, err = r.Investigate(ctx, q)
+	require.NoError(t, err)
+	require.Len(t, page.Records, 1)
+	require.Equal(t, "idem:v1t:A:3", page.Records[0].ScopedKey)
+}
