@@ -38,17 +38,35 @@ var _ Invoker = (*lambda.Client)(nil)
 // ErrUnavailable wraps every failure to get an answer from the function.
 var ErrUnavailable = errors.New("archive lookup function unavailable")
 
+// maxErrorPayload bounds how much of a function error's payload an error
+// carries.
+const maxErrorPayload = 1024
+
 // Lambda looks keys up through the lookup function.
 type Lambda struct {
 	Client       Invoker
 	FunctionName string
-	// Timeout bounds one invocation, retries included. Default 2s. The
-	// caller's context may cut it shorter.
+	// Timeout bounds one invocation, retries included. Default 2s (when
+	// zero); a negative one is refused on every lookup. The caller's
+	// context may cut it shorter.
 	Timeout time.Duration
 }
 
-// Lookup invokes the function for scopedKey.
+// Lookup invokes the function for scopedKey. A key no lookup accepts is
+// archive.ErrInvalidKey, without an invocation; an answer that is not about
+// scopedKey is ErrUnavailable.
 func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte) (archive.Record, error) {
+	// Refused here as archive.Reader refuses it: JSON would send a key
+	// that is not UTF-8 with U+FFFD for its bad bytes, and the answer
+	// would be about another key.
+	if err := archive.ValidateKey(scopedKey); err != nil {
+		return archive.Record{ScopedKey: scopedKey}, err
+	}
+	if l.Timeout < 0 {
+		// Not a deadline already passed, which would read as an
+		// archive that never answers.
+		return archive.Record{}, fmt.Errorf("archiveclient: Timeout must not be negative, got %s", l.Timeout)
+	}
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(l.Timeout, 2*time.Second))
 	defer cancel()
 	req := lookupapi.DirectRequest{ScopedKey: scopedKey}
@@ -68,13 +86,21 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 		return archive.Record{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if out.FunctionError != nil {
-		return archive.Record{}, fmt.Errorf("%w: function error %s: %s", ErrUnavailable, *out.FunctionError, out.Payload)
+		// The payload (a message and stack trace, up to 6 MB) is cut
+		// short: the middleware logs this error on every request while
+		// the function fails.
+		return archive.Record{}, fmt.Errorf("%w: function error %s: %s", ErrUnavailable, *out.FunctionError, out.Payload[:min(len(out.Payload), maxErrorPayload)])
 	}
 	var resp lookupapi.DirectResponse
 	if err := json.Unmarshal(out.Payload, &resp); err != nil {
 		return archive.Record{}, fmt.Errorf("%w: unreadable answer: %w", ErrUnavailable, err)
 	}
 	switch {
+	case resp.Status == http.StatusOK && resp.Record != nil && resp.Record.ScopedKey != scopedKey:
+		// Not an answer for this key (another deployment's function, a
+		// proxy in between): taken for one, a key that never ran would
+		// be answered as archived, or a charge as another's.
+		return archive.Record{}, fmt.Errorf("%w: the answer is for another key", ErrUnavailable)
 	case resp.Status == http.StatusOK && resp.Record != nil:
 		return *resp.Record, nil
 	case resp.Status == http.StatusNotFound && resp.Problem != nil && resp.Problem.Code == "key_not_found":

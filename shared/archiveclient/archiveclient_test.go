@@ -1,0 +1,93 @@
+package archiveclient_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/lambda"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/archiveclient"
+	"github.com/idemarchive/idemarchive/shared/lookupapi"
+)
+
+// function is a lookup function that answers every invocation with out,
+// recording what it was asked.
+type function struct {
+	asked []lookupapi.DirectRequest
+	out   func(req lookupapi.DirectRequest) *lambda.InvokeOutput
+}
+
+func (f *function) Invoke(_ context.Context, in *lambda.InvokeInput, _ ...func(*lambda.Options)) (*lambda.InvokeOutput, error) {
+	var req lookupapi.DirectRequest
+	if err := json.Unmarshal(in.Payload, &req); err != nil {
+		return nil, err
+	}
+	f.asked = append(f.asked, req)
+	return f.out(req), nil
+}
+
+// archived answers as the lookup function does for a key the archive holds.
+func archived(req lookupapi.DirectRequest) *lambda.InvokeOutput {
+	b, _ := json.Marshal(lookupapi.DirectResponse{Status: 200, Record: &archive.Record{ScopedKey: req.ScopedKey, Status: 201}})
+	return &lambda.InvokeOutput{StatusCode: 200, Payload: b}
+}
+
+// A key that is not UTF-8 is refused as archive.Reader refuses it, and
+// never sent: JSON would carry it with U+FFFD in place of its bad bytes,
+// and the answer would be about another key, one the archive may hold.
+func TestAKeyThatIsNotUTF8IsNotLookedUpAsAnother(t *testing.T) {
+	t.Parallel()
+	f := &function{out: archived}
+	c := archiveclient.Lambda{Client: f, FunctionName: "lookup"}
+	rec, err := c.Lookup(context.Background(), "idem:v1:\xff", nil)
+	require.ErrorIs(t, err, archive.ErrInvalidKey, "answered %+v for %q", rec, f.asked)
+	require.Empty(t, f.asked)
+}
+
+// An answer about another key than the one asked (a function of another
+// deployment, a proxy in between) is not an answer for this key.
+func TestARecordOfAnotherKeyIsNotAnAnswer(t *testing.T) {
+	t.Parallel()
+	f := &function{out: func(lookupapi.DirectRequest) *lambda.InvokeOutput {
+		return archived(lookupapi.DirectRequest{ScopedKey: "idem:v1:someone-else"})
+	}}
+	c := archiveclient.Lambda{Client: f, FunctionName: "lookup"}
+	_, err := c.Lookup(context.Background(), "idem:v1:mine", nil)
+	require.ErrorIs(t, err, archiveclient.ErrUnavailable)
+}
+
+// A function error's payload (a stack trace, up to Lambda's 6 MB) is not
+// copied whole into the error, which the middleware logs on every request
+// while the function fails.
+func TestAFunctionErrorIsNotCopiedWhole(t *testing.T) {
+	t.Parallel()
+	huge := strings.Repeat("x", 6<<20)
+	f := &function{out: func(lookupapi.DirectRequest) *lambda.InvokeOutput {
+		fe := "Unhandled"
+		b, _ := json.Marshal(map[string]string{"errorMessage": huge, "errorType": "runtime.Error"})
+		return &lambda.InvokeOutput{StatusCode: 200, FunctionError: &fe, Payload: b}
+	}}
+	c := archiveclient.Lambda{Client: f, FunctionName: "lookup"}
+	_, err := c.Lookup(context.Background(), "idem:v1:k", nil)
+	require.ErrorIs(t, err, archiveclient.ErrUnavailable)
+	require.Less(t, len(err.Error()), 4096)
+	require.False(t, errors.Is(err, archive.ErrNotFound))
+}
+
+// A negative Timeout is a configuration error, said as one, and nothing is
+// invoked: not an archive that looks unreachable on every request.
+func TestANegativeTimeoutIsRefused(t *testing.T) {
+	t.Parallel()
+	f := &function{out: archived}
+	c := archiveclient.Lambda{Client: f, FunctionName: "lookup", Timeout: -time.Second}
+	_, err := c.Lookup(context.Background(), "idem:v1:k", nil)
+	require.ErrorContains(t, err, "Timeout must not be negative")
+	require.NotErrorIs(t, err, archiveclient.ErrUnavailable)
+	require.Empty(t, f.asked)
+}
