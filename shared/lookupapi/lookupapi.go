@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/problem"
@@ -85,9 +86,29 @@ func (a *API) ProblemFor(ctx context.Context, err error, requestID string) Probl
 }
 
 func newProblem(status int, code, detail, requestID string) Problem {
-	p := problem.New(status, code, strings.TrimPrefix(detail, "archive: "))
+	p := problem.New(status, code, truncate(strings.TrimPrefix(detail, "archive: "), maxDetailBytes))
 	p.RequestID = requestID
 	return p
+}
+
+// maxDetailBytes bounds a problem's detail. A detail may quote the client's
+// input (an unknown field's name in a 6 MB direct payload), and JSON may
+// write a byte of it in six ('<' is \u003c): unbounded, the answer could
+// outgrow what Lambda returns from a synchronous invocation (6 MB), and the
+// caller would get a function error instead of its 400.
+const maxDetailBytes = 512
+
+// truncate cuts s to at most n bytes, on a character boundary, marking the
+// cut with an ellipsis.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // API answers archive queries.
