@@ -32,8 +32,9 @@ const (
 	// partitions and index root pages dominates bytes per row, so the ratio
 	// says nothing about a column creeping in.
 	BytesPerRowMinRows = 100_000
-	// DurationNearTimeout is the fraction of its timeout a sweep may run
-	// before its duration alarm fires.
+	// DurationNearTimeout is the fraction of its window (its timeout less
+	// SWEEP_DEADLINE_MARGIN, where it stops starting batches) a sweep may
+	// run before its duration alarm fires.
 	DurationNearTimeout = 0.9
 	// LookupServerErrorsMetric counts lookups answered 5xx, from the lookup
 	// function's log lines.
@@ -298,12 +299,20 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 			TreatMissingData:   awscloudwatch.TreatMissingData_IGNORE,
 		})
 
-	timeoutMs := float64(p.sweepTimeout().Milliseconds())
+	// A sweep the backlog keeps busy stops starting batches once less than
+	// its deadline margin is left, so it lasts about its timeout less the
+	// margin (205 s of 240 s by default): the alarm is judged against that
+	// window, or a run that used all of it would stay under the threshold.
+	fs, err := p.functionSettings()
+	if err != nil {
+		return nil, fmt.Errorf("function configuration: %w", err)
+	}
+	windowMs := float64((p.sweepTimeout() - fs.Sweep.WithDefaults().DeadlineMargin).Milliseconds())
 	alarm("sweep-duration", fns.Sweep.MetricDuration(&awscloudwatch.MetricOptions{Period: minutes(15), Statistic: jsii.String("Maximum")}), m.Notify,
 		&awscloudwatch.CreateAlarmOptions{
-			AlarmDescription: jsii.String("A sweep ran close to its timeout: it stops early by itself, but the backlog outgrows what one run moves. " +
+			AlarmDescription: jsii.String("A sweep ran until close to its deadline margin, where it stops starting batches: the backlog outgrows what one run moves. " +
 				"What to do: raise SweepBatchSize, or look for slow batches (lock waits) in its logs."),
-			Threshold:          jsii.Number(DurationNearTimeout * timeoutMs),
+			Threshold:          jsii.Number(DurationNearTimeout * windowMs),
 			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 			EvaluationPeriods:  jsii.Number(1),
 		})

@@ -198,14 +198,20 @@ func (p Props) validate() error {
 	// The functions validate their configuration at start; running the same
 	// validation here turns a bad value into a synth error instead of a
 	// function that fails every invocation after the deploy.
+	if _, err := p.functionSettings(); err != nil {
+		return fmt.Errorf("function configuration: %w", err)
+	}
+	return nil
+}
+
+// functionSettings is the configuration the functions read from the
+// environment the stack gives them, as shared/settings reads it.
+func (p Props) functionSettings() (settings.Settings, error) {
 	env := p.settingsEnv()
 	env["DATABASE_URL"] = "postgres://" + SweeperUser + "@proxy.invalid:5432/" + DatabaseName + "?sslmode=verify-full"
 	env["DATABASE_IAM_AUTH"] = "true"
 	env["DATABASE_EXEC_MODE"] = execMode
-	if _, err := settings.FromEnv(func(k string) string { return env[k] }); err != nil {
-		return fmt.Errorf("function configuration: %w", err)
-	}
-	return nil
+	return settings.FromEnv(func(k string) string { return env[k] })
 }
 
 // execMode is the statement execution mode behind RDS Proxy: "exec" prepares
