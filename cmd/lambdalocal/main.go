@@ -153,8 +153,8 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 // stripPassword removes the password from a PostgreSQL connection string, URL
-// (postgres://user:pw@host/db) or keyword form (password=pw), and reports
-// whether there was one.
+// (postgres://user:pw@host/db) or keyword form (password=pw), and the client
+// key's passphrase (sslpassword) with it, and reports whether there was one.
 func stripPassword(dsn string) (string, bool) {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)
@@ -169,8 +169,9 @@ func stripPassword(dsn string) (string, bool) {
 				stripped = true
 			}
 		}
-		if q := u.Query(); q.Has("password") {
+		if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
 			q.Del("password")
+			q.Del("sslpassword")
 			u.RawQuery = q.Encode()
 			stripped = true
 		}
@@ -180,17 +181,21 @@ func stripPassword(dsn string) (string, bool) {
 	return strings.TrimSpace(kept), kept != dsn
 }
 
-// passwordKeyword matches password=... in a keyword/value connection string,
-// quoted ('p w', with \' escapes) or not.
-var passwordKeyword = regexp.MustCompile(`(^|\s)password\s*=\s*('(\\.|[^'\\])*'|\S*)`)
+// passwordKeyword matches password=... and sslpassword=... in a keyword/value
+// connection string, quoted ('p w', with \' escapes) or not.
+var passwordKeyword = regexp.MustCompile(`(^|\s)(ssl)?password\s*=\s*('(\\.|[^'\\])*'|\S*)`)
 
-// samFunctions are the functions of the SAM template, with their timeouts.
+// samFunctions are the functions of the SAM template, with the timeouts the
+// deployed stack gives them by default (infra/stack: the sweep's is its
+// 5-minute interval less one minute; the partition manager's 5 minutes), so
+// that a local run stops where a deployed one does (the sweep's deadline
+// margin counts from its timeout).
 var samFunctions = []struct {
 	logicalID, dir string
 	timeout        int
 }{
-	{"SweepFunction", "sweep", 300},
-	{"PartitionsFunction", "partitions", 120},
+	{"SweepFunction", "sweep", 240},
+	{"PartitionsFunction", "partitions", 300},
 	{"LookupFunction", "lookup", 10},
 }
 
@@ -214,11 +219,12 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 		return errors.New("set DATABASE_URL (or DATABASE_SECRET_ARN) first: the template's functions get their configuration from this shell's variables, and have none without a database")
 	}
 	// A template is a file that gets shared and committed: the password
-	// never goes into it. PGPASSWORD is declared empty so that
-	// `sam local invoke --env-vars` can supply it at invoke time.
+	// (and a client key's passphrase) never goes into it. PGPASSWORD and
+	// PGSSLPASSWORD are declared empty so that `sam local invoke --env-vars`
+	// can supply them at invoke time; pgx ignores them empty.
 	if u, stripped := stripPassword(env["DATABASE_URL"]); stripped {
 		env["DATABASE_URL"] = u
-		env["PGPASSWORD"] = ""
+		env["PGPASSWORD"], env["PGSSLPASSWORD"] = "", ""
 		fmt.Fprintln(stderr, `lambdalocal: the password in DATABASE_URL was left out of the template; give it at invoke time:`)
 		fmt.Fprintln(stderr, `  echo '{"Parameters": {"PGPASSWORD": "..."}}' > bin/sam/env.json  # keep it out of version control`)
 		fmt.Fprintln(stderr, `  sam local invoke -t bin/sam/template.json --env-vars bin/sam/env.json LookupFunction -e events/lookup-direct.json`)

@@ -56,6 +56,7 @@ func TestTemplateDescribesTheThreeFunctions(t *testing.T) {
 			Type       string
 			Properties struct {
 				CodeUri, Handler, Runtime string
+				Timeout                   int
 				Architectures             []string
 				Environment               struct{ Variables map[string]string }
 			}
@@ -74,6 +75,10 @@ func TestTemplateDescribesTheThreeFunctions(t *testing.T) {
 	require.NotContains(t, string(raw), "s3cret", "the password never goes into the template")
 	require.Equal(t, "postgres://archive@db.example.com:5432/app?sslmode=verify-full", lookup.Properties.Environment.Variables["DATABASE_URL"])
 	require.Contains(t, lookup.Properties.Environment.Variables, "PGPASSWORD", "declared, for --env-vars")
+	// AND each function has the deployed stack's default timeout
+	for fn, seconds := range map[string]int{"SweepFunction": 240, "PartitionsFunction": 300, "LookupFunction": 10} {
+		require.Equal(t, seconds, doc.Resources[fn].Properties.Timeout, fn)
+	}
 }
 
 func TestTemplateNeedsADatabaseAndKeepsPasswordsOut(t *testing.T) {
