@@ -18,6 +18,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -114,7 +116,25 @@ func start(ctx context.Context, rie, bootstrap string, env map[string]string, mi
 		c, err := net.DialTimeout("tcp", rieAddr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return e, nil
+			// Someone listens, but maybe not the emulator: a process that
+			// took the port between freeAddr and the emulator's bind, when
+			// the emulator exits (it cannot listen). Taken for it, that
+			// process would get every invocation meant for the function.
+			if owns, known := listens(cmd.Process.Pid, rieAddr); known {
+				if owns {
+					return e, nil
+				}
+				e.Close()
+				return nil, fmt.Errorf("emulator could not listen on %s (another process listens there):\n%s", rieAddr, e.Output.String())
+			}
+			// Without /proc to say whose socket it is, give an emulator
+			// that could not bind the time to exit.
+			select {
+			case <-e.exited:
+				return nil, fmt.Errorf("emulator exited while starting on %s (another process listens there):\n%s", rieAddr, e.Output.String())
+			case <-time.After(bindSettle):
+				return e, nil
+			}
 		}
 		select {
 		case <-e.exited:
@@ -127,8 +147,59 @@ func start(ctx context.Context, rie, bootstrap string, env map[string]string, mi
 	}
 }
 
+// bindSettle is how long Start waits, where /proc cannot say whose socket
+// answers at the emulator's address, for an emulator that could not bind it
+// to exit.
+const bindSettle = 150 * time.Millisecond
+
+// listens reports whether process pid holds the socket listening on addr
+// (127.0.0.1:port), from Linux's /proc; known is false where /proc cannot
+// say (another system).
+func listens(pid int, addr string) (owns, known bool) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, false
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return false, false
+	}
+	table, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return false, false
+	}
+	// local_address is 0100007F:PORT for 127.0.0.1, in hex; st 0A is LISTEN.
+	local := fmt.Sprintf("0100007F:%04X", p)
+	inode := ""
+	for _, line := range strings.Split(string(table), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 9 && f[1] == local && f[3] == "0A" {
+			inode = f[9]
+		}
+	}
+	if inode == "" {
+		return false, false // the dial reached it: a table this code misreads
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false, false
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && target == "socket:["+inode+"]" {
+			return true, true
+		}
+	}
+	return false, true
+}
+
 // Invoke posts payload and returns the function's response payload.
 func (e *Emulator) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	select {
+	case <-e.exited:
+		// Whatever answers at its address now is not this function.
+		return nil, fmt.Errorf("invoke: the emulator has exited:\n%s", e.Output.String())
+	default:
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL+InvokePath, bytes.NewReader(payload))
 	if err != nil {
 		return nil, err
