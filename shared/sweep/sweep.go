@@ -469,8 +469,8 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	defer func() {
 		res.DurationMS = time.Since(start).Milliseconds()
 		// Count the backlog even when the run was cut short: it is the figure
-		// an operator needs most then. A dead context gets a short grace.
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		// an operator needs most then.
+		bctx, cancel := backlogContext(ctx)
 		defer cancel()
 		if n, berr := s.Backlog(bctx); berr == nil {
 			res.Backlog = n
@@ -719,6 +719,25 @@ func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitio
 	}
 	return created, nil
 }
+
+// backlogContext bounds the backlog count that ends every run: backlogGrace,
+// even after ctx is canceled (an operator's Ctrl-C still gets the figure),
+// but never past ctx's deadline less metricsReserve. Lambda stops a function
+// at its deadline, and a count that waited past it (a lock, a database
+// that stopped answering) would take the run's metrics and its error line
+// with it.
+func backlogContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	until := time.Now().Add(backlogGrace)
+	if deadline, ok := ctx.Deadline(); ok && deadline.Add(-metricsReserve).Before(until) {
+		until = deadline.Add(-metricsReserve)
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), until)
+}
+
+const (
+	backlogGrace   = 5 * time.Second
+	metricsReserve = 500 * time.Millisecond
+)
 
 // Backlog counts expired live rows, up to Config.BacklogCap.
 func (s *Sweeper) Backlog(ctx context.Context) (int64, error) {

@@ -1093,3 +1093,29 @@ func liveTraffic(ctx context.Context, t *testing.T, pool *pgxpool.Pool, writers,
 	}
 	return &traffic
 }
+
+// The backlog count that ends a run never waits past the invocation's
+// deadline: Lambda stops the function there, and the run's metrics and its
+// error line would go with it. Here the live table is locked, so the count
+// waits for as long as it is let.
+func TestTheBacklogCountEndsBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "waiting", Status: 200, ExpiresAt: time.Now().Add(-time.Hour)})
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	// A deadline closer than the margin: no batch starts, and the count
+	// waits on the lock.
+	runCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	res, err := newSweeper(t, b.sweeper, sweep.Config{DeadlineMargin: 35 * time.Second}, nil, nil).Run(runCtx)
+	require.NoError(t, runCtx.Err(), "the run returned after its deadline: its count waited past it")
+	var noBatch *sweep.DeadlineError
+	require.ErrorAs(t, err, &noBatch, "a backlog that could not be counted may still wait")
+	require.EqualValues(t, -1, res.Backlog, "not counted")
+}
