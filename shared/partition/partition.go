@@ -644,17 +644,28 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 	}
 	// Months that a reattach below brings back.
 	handled := map[time.Time]bool{}
+	// awaited reports whether expired live rows wait for a table bounded
+	// [from, to) (zero: unbounded). Such a table, attached, detached or
+	// half detached, is not retired (a detached one is attached again): the
+	// run must leave every month of the backlog with a partition. The first
+	// run after its rows were swept retires it.
+	awaited := func(from, to time.Time) bool {
+		return slices.ContainsFunc(backlog, func(month time.Time) bool {
+			return (to.IsZero() || month.Before(to)) && (from.IsZero() || month.AddDate(0, 1, 0).After(from))
+		})
+	}
 
 	// Interrupted detaches first: a detach-pending partition is invisible to
 	// new queries and blocks every other concurrent detach of the table. Each
 	// is finalized in one transaction with what follows, dropping it (outside
-	// the retention) or attaching it again (inside), so its rows are never
-	// out of the archive between two statements.
+	// the retention, and no expired live row of its months waiting) or
+	// attaching it again (otherwise), so its rows are never out of the
+	// archive between two statements.
 	for _, p := range parts {
 		if !p.DetachPending {
 			continue
 		}
-		if p.readable() && expired(p.To) {
+		if p.readable() && expired(p.To) && !awaited(p.From, p.To) {
 			finalize := fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", tbl.qualified(), tbl.sibling(p.Name))
 			if retire(p.Name, p.To, finalize, fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name))) {
 				continue
@@ -668,13 +679,14 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 
 	// Tables named like a monthly partition but detached entirely: by hand, or
 	// by an earlier run whose DROP failed. Outside the retention they are
-	// dropped; inside, attached again with their rows.
+	// dropped unless expired live rows of their month wait; otherwise
+	// attached again with their rows.
 	for _, name := range orphans {
 		month, err := time.Parse("2006_01", strings.TrimPrefix(name, ArchiveTable+"_"))
 		if err != nil || month.Year() < 1 {
 			continue // not a month: PostgreSQL has no year 0
 		}
-		if expired(month.AddDate(0, 1, 0)) && retire(name, month.AddDate(0, 1, 0), fmt.Sprintf("DROP TABLE IF EXISTS %s", tbl.sibling(name))) {
+		if expired(month.AddDate(0, 1, 0)) && !awaited(month, month.AddDate(0, 1, 0)) && retire(name, month.AddDate(0, 1, 0), fmt.Sprintf("DROP TABLE IF EXISTS %s", tbl.sibling(name))) {
 			continue
 		}
 		switch exact, overlap := findMonth(parts, month); {
@@ -736,9 +748,7 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 		if p.DetachPending || !p.readable() || !expired(p.To) {
 			continue
 		}
-		if slices.ContainsFunc(backlog, func(month time.Time) bool {
-			return (p.To.IsZero() || month.Before(p.To)) && (p.From.IsZero() || month.AddDate(0, 1, 0).After(p.From))
-		}) {
+		if awaited(p.From, p.To) {
 			continue // expired live rows wait for it: retired once they are swept
 		}
 		if deflt != nil {
