@@ -154,7 +154,12 @@ const bindSettle = 150 * time.Millisecond
 
 // listens reports whether process pid holds the socket listening on addr
 // (127.0.0.1:port), from Linux's /proc; known is false where /proc cannot
-// say (another system).
+// say (another system). The socket a dial to 127.0.0.1 reaches is the one
+// bound to 127.0.0.1 itself, or else one bound to every address: 0.0.0.0 in
+// /proc/net/tcp, or :: (which takes IPv4 too) or ::ffff:127.0.0.1 in
+// /proc/net/tcp6. The process that took the emulator's port most often
+// holds one of the latter (net.Listen("tcp", ":0") is ::), so they are read
+// too: taken for a table this code cannot read, they left Start to guess.
 func listens(pid int, addr string) (owns, known bool) {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -164,20 +169,37 @@ func listens(pid int, addr string) (owns, known bool) {
 	if err != nil {
 		return false, false
 	}
-	table, err := os.ReadFile("/proc/net/tcp")
-	if err != nil {
-		return false, false
+	// local_address is hex, PORT after the colon; st 0A is LISTEN.
+	suffix := fmt.Sprintf(":%04X", p)
+	loopback := map[string]bool{"0100007F" + suffix: true}
+	wildcard := map[string]bool{
+		"00000000" + suffix:                         true,
+		"00000000000000000000000000000000" + suffix: true,
+		"0000000000000000FFFF00000100007F" + suffix: true,
 	}
-	// local_address is 0100007F:PORT for 127.0.0.1, in hex; st 0A is LISTEN.
-	local := fmt.Sprintf("0100007F:%04X", p)
-	inode := ""
-	for _, line := range strings.Split(string(table), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 9 && f[1] == local && f[3] == "0A" {
-			inode = f[9]
+	var specific, every []string // inodes of the sockets a dial may reach
+	read := false
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue // no IPv6 here, say
+		}
+		read = true
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			switch {
+			case len(f) <= 9 || f[3] != "0A":
+			case loopback[f[1]]:
+				specific = append(specific, f[9])
+			case wildcard[f[1]]:
+				every = append(every, f[9])
+			}
 		}
 	}
-	if inode == "" {
+	if len(specific) == 0 {
+		specific = every
+	}
+	if !read || len(specific) == 0 {
 		return false, false // the dial reached it: a table this code misreads
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
@@ -185,8 +207,14 @@ func listens(pid int, addr string) (owns, known bool) {
 		return false, false
 	}
 	for _, fd := range fds {
-		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && target == "socket:["+inode+"]" {
-			return true, true
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err != nil {
+			continue
+		}
+		for _, inode := range specific {
+			if target == "socket:["+inode+"]" {
+				return true, true
+			}
 		}
 	}
 	return false, true
