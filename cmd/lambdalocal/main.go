@@ -182,8 +182,11 @@ func stripPassword(dsn string) (string, bool) {
 }
 
 // passwordKeyword matches password=... and sslpassword=... in a keyword/value
-// connection string, quoted ('p w', with \' escapes) or not.
-var passwordKeyword = regexp.MustCompile(`(^|\s)(ssl)?password\s*=\s*('(\\.|[^'\\])*'|\S*)`)
+// connection string, quoted ('p w', with \' escapes) or not. An unquoted
+// value ends at the first space that no '\' escapes, as libpq and pgx read
+// it ("p\ w" is one value): ending it at any space would leave the rest of
+// the secret in the template.
+var passwordKeyword = regexp.MustCompile(`(^|\s)(ssl)?password\s*=\s*('(\\.|[^'\\])*'|(\\.|[^\s\\])*\\?)`)
 
 // samFunctions are the functions of the SAM template, with the timeouts the
 // deployed stack gives them by default (infra/stack: the sweep's is its
