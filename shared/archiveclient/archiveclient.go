@@ -47,8 +47,9 @@ type Lambda struct {
 	Client       Invoker
 	FunctionName string
 	// Timeout bounds one invocation, retries included. Default 2s (when
-	// zero); a negative one is refused on every lookup. The caller's
-	// context may cut it shorter.
+	// zero); a negative one is refused on every lookup, with an error that
+	// matches context.DeadlineExceeded (so never failed open on). The
+	// caller's context may cut it shorter.
 	Timeout time.Duration
 }
 
@@ -63,9 +64,12 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 		return archive.Record{ScopedKey: scopedKey}, err
 	}
 	if l.Timeout < 0 {
-		// Not a deadline already passed, which would read as an
-		// archive that never answers.
-		return archive.Record{}, fmt.Errorf("archiveclient: Timeout must not be negative, got %s", l.Timeout)
+		// A configuration error, said as one, and not an archive that
+		// never answers. It still matches context.DeadlineExceeded, as
+		// the deadline already passed it once was: the middleware never
+		// fails open on that, and an error of its own would let FailOpen
+		// run every key, those the archive holds included.
+		return archive.Record{}, fmt.Errorf("archiveclient: Timeout must not be negative, got %s (no lookup fits in it: %w)", l.Timeout, context.DeadlineExceeded)
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(l.Timeout, 2*time.Second))
 	defer cancel()
