@@ -15,6 +15,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
@@ -149,7 +151,15 @@ func (e *Env) RequestLogger(ctx context.Context) *slog.Logger {
 // an empty or null payload (no options), a direct JSON object of options, or
 // an EventBridge event whose "detail" holds the options (an empty detail, as
 // a plain schedule sends, means none). Unknown option names are errors, so a
-// misspelt override never passes silently.
+// misspelt override never passes silently; so are ambiguous ones.
+//
+// These options act (a shorter retention drops months), so an object whose
+// meaning depends on which of two readings wins is refused: a name given
+// twice, or in two spellings encoding/json takes for one ("dry_run" and
+// "DRY_RUN": it keeps the last, and matches names regardless of case), and
+// an option beside an EventBridge event's detail instead of in it (it
+// would be ignored: {"detail-type": ..., "detail": {"retention_months": 1},
+// "dry_run": true} is not a dry run).
 func DecodeInput(payload []byte, v any) error {
 	payload = bytes.TrimSpace(payload)
 	if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
@@ -162,10 +172,22 @@ func DecodeInput(payload []byte, v any) error {
 	if err := json.Unmarshal(payload, &probe); err != nil {
 		return fmt.Errorf("payload is not a JSON object: %w", err)
 	}
+	names, err := objectNames(payload)
+	if err != nil {
+		return err
+	}
 	if probe.DetailType != nil {
+		for _, n := range names {
+			if slices.ContainsFunc(optionNames(v), func(o string) bool { return strings.EqualFold(n, o) }) {
+				return fmt.Errorf("invalid options: %q is beside the EventBridge event's detail, where it would be ignored: put the options in detail", n)
+			}
+		}
 		payload = bytes.TrimSpace(probe.Detail)
 		if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
 			return nil
+		}
+		if _, err := objectNames(payload); err != nil {
+			return err
 		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
@@ -174,4 +196,58 @@ func DecodeInput(payload []byte, v any) error {
 		return fmt.Errorf("invalid options: %w", err)
 	}
 	return nil
+}
+
+// objectNames returns the names of a JSON object's members, refusing a name
+// given twice, in the same spelling or in two that encoding/json matches
+// alike (regardless of case). A value that is not an object is left to the
+// decoding that follows to refuse.
+func objectNames(object []byte) ([]string, error) {
+	dec := json.NewDecoder(bytes.NewReader(object))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, nil
+	}
+	var names []string
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("payload is not a JSON object: %w", err)
+		}
+		name, _ := t.(string)
+		for _, seen := range names {
+			if strings.EqualFold(seen, name) {
+				return nil, fmt.Errorf("invalid options: %q and %q name the same option: give it once", seen, name)
+			}
+		}
+		names = append(names, name)
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil, fmt.Errorf("payload is not a JSON object: %w", err)
+		}
+	}
+	return names, nil
+}
+
+// optionNames returns the JSON names of the fields of the struct v points
+// to.
+func optionNames(v any) []string {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Struct {
+		return nil
+	}
+	var names []string
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+			continue
+		case name == "":
+			name = f.Name
+		}
+		names = append(names, name)
+	}
+	return names
 }

@@ -1,0 +1,47 @@
+package fnenv_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/fnenv"
+)
+
+type options struct {
+	DryRun          *bool `json:"dry_run,omitempty"`
+	RetentionMonths *int  `json:"retention_months,omitempty"`
+}
+
+// Options that act (a shorter retention drops months) are never read one
+// way when the caller meant another: a name given twice, in two spellings
+// encoding/json takes for one, or beside an EventBridge event's detail
+// (where it would be ignored) is refused, not settled by whichever wins.
+func TestAmbiguousOptionsAreRefused(t *testing.T) {
+	t.Parallel()
+	for payload, want := range map[string]string{
+		`{"dry_run": true, "retention_months": 1, "DRY_RUN": false}`:                        `"dry_run" and "DRY_RUN" name the same option`,
+		`{"dry_run": true, "retention_months": 1, "dry_run": false}`:                        `"dry_run" and "dry_run" name the same option`,
+		`{"retention_months": 1, "retention_months": 24}`:                                   "name the same option",
+		`{"detail-type": "x", "detail": {"retention_months": 1}, "dry_run": true}`:          `"dry_run" is beside the EventBridge event's detail`,
+		`{"detail-type": "x", "detail": {"retention_months": 1}, "Dry_Run": true}`:          "beside the EventBridge event's detail",
+		`{"detail-type": "x", "detail": {"dry_run": true, "Dry_run": false}}`:               "name the same option",
+		`{"detail-type": "x", "detail-type": "y", "detail": {}}`:                            "name the same option",
+		"{\"retention_months\": 1, \"retention_month\u017f\": 24}":                          "name the same option", // ſ folds to s
+		`{"detail-type": "x", "detail": {"retention_months": 1}, "retention_months": 1200}`: "beside the EventBridge event's detail",
+	} {
+		var o options
+		err := fnenv.DecodeInput([]byte(payload), &o)
+		require.ErrorContains(t, err, want, payload)
+	}
+	for _, payload := range []string{
+		`{"dry_run": true, "retention_months": 1}`,
+		`{"DRY_RUN": true}`,
+		`{"detail-type": "Scheduled Event", "source": "aws.events", "id": "1", "detail": {"dry_run": true}}`,
+		`{"detail-type": "Scheduled Event", "detail": {}}`,
+		`null`, ``,
+	} {
+		var o options
+		require.NoError(t, fnenv.DecodeInput([]byte(payload), &o), payload)
+	}
+}
