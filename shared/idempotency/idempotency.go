@@ -426,7 +426,10 @@ func ValidateKey(key string) error {
 	case strings.IndexFunc(key, unicode.IsControl) >= 0:
 		return errors.New("the Idempotency-Key contains control characters")
 	case key[0] == ' ' || key[len(key)-1] == ' ':
-		return errors.New("the Idempotency-Key begins or ends with a space, which HTTP/1.1 drops and HTTP/2 keeps: send it without")
+		// The answer does not invite sending the request again under the
+		// trimmed key: that is another key, and would run the operation
+		// again if the spaced one ever ran.
+		return errors.New("the Idempotency-Key begins or ends with a space, which HTTP/1.1 drops and HTTP/2 keeps, so it is not one key on every path")
 	}
 	return nil
 }
