@@ -595,7 +595,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	if m.cfg.Archive != nil && reg.MayBeArchived {
-		rec, err := m.lookup(ctx, scoped, fp)
+		rec, err := m.lookupOrRelease(ctx, scoped, fp, token)
 		switch {
 		case err == nil:
 			m.release(ctx, scoped, fp, token)
@@ -717,6 +717,21 @@ const (
 	completeAttempts = 4
 	completeBackoff  = 200 * time.Millisecond
 )
+
+// lookupOrRelease looks a freshly registered key up in the archive. An
+// Archive that panics (a bug in one of the caller's) releases the
+// registration before the panic goes on to the server's recovery: left in
+// flight, the key would answer every retry 409 for its whole window, and
+// then 409 expired, never completed, for an operation that never ran.
+func (m *Middleware) lookupOrRelease(ctx context.Context, scoped string, fp, token []byte) (archive.Record, error) {
+	defer func() {
+		if p := recover(); p != nil {
+			m.release(ctx, scoped, fp, token)
+			panic(p)
+		}
+	}()
+	return m.lookup(ctx, scoped, fp)
+}
 
 func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (archive.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
