@@ -159,7 +159,10 @@ func (s *Redis) reconcileOne(ctx context.Context, hashKey string, h map[string]s
 		return fmt.Errorf("a completed hash with status %q, which no completion writes: left alone", h["status"])
 	case len(h["fp"]) != sha256.Size:
 		return fmt.Errorf("a completed hash whose fingerprint is %d bytes, not SHA-256: left alone", len(h["fp"]))
-	case expires <= created || time.Duration(expires-created)*time.Millisecond > MaxRedisTTL:
+	case created <= 0 || expires <= created || expires-created > MaxRedisTTL.Milliseconds():
+		// In milliseconds, as stored: created > 0 and expires > created keep
+		// the difference from overflowing, and a window of centuries from
+		// wrapping to a negative time.Duration that passes the check.
 		return fmt.Errorf("a completed hash whose window (created %d, expires %d, Unix ms) no registration gives: left alone", created, expires)
 	case h["has_rid"] == "1" && !hasField(h, "rid"):
 		return errors.New("a completed hash that says it has a resource id and holds none: left alone")
