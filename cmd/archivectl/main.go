@@ -125,8 +125,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stderr, "archivectl: unknown command %q (run archivectl --help)\n", args[0])
 		return exitError
 	}
+	// Every error line is redacted: an argument or a flag's value echoed
+	// back (--fingerprint, --created-from, ...) may be a connection string
+	// pasted in the wrong place.
 	fail := func(err error) int {
-		fmt.Fprintf(stderr, "archivectl %s: %s\n", args[0], oneLine(err))
+		fmt.Fprintf(stderr, "archivectl %s: %s\n", args[0], redactURLs(oneLine(err)))
 		return exitError
 	}
 
@@ -266,8 +269,8 @@ func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 	cfg := e.settings.Sweep
 	fs := newFlagSet("sweep", e)
 	fs.IntVar(&cfg.BatchSize, "batch", cfg.BatchSize, "rows per batch (default 10000, at most 50000)")
-	fs.DurationVar(&cfg.Pause, "pause", cfg.Pause, "pause between batches (default 200ms)")
-	fs.DurationVar(&cfg.MaxDuration, "max-duration", cfg.MaxDuration, "start no batch after this long (default: until drained)")
+	fs.Var((*durationValue)(&cfg.Pause), "pause", "`duration` to pause between batches (default 200ms)")
+	fs.Var((*durationValue)(&cfg.MaxDuration), "max-duration", "start no batch after this `duration` (default: until drained)")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -415,8 +418,9 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
 	}
+	source := "--redis-url"
 	if *url == "" {
-		*url = e.getenv("REDIS_URL")
+		source, *url = "REDIS_URL", e.getenv("REDIS_URL")
 	}
 	if *url == "" {
 		return errors.New("--redis-url or REDIS_URL is required")
@@ -424,9 +428,12 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 	opts, err := redis.ParseURL(*url)
 	if err != nil {
 		// Not the URL itself, nor the parser's words on it: it may hold a
-		// password.
-		return errors.New("--redis-url is not a redis:// or rediss:// URL")
+		// password. The error names where the URL came from.
+		return fmt.Errorf("%s is not a redis:// or rediss:// URL", source)
 	}
+	// go-redis logs each failed dial on stderr by itself, in its own
+	// format: the error it returns says the same, and errors are one line.
+	redis.SetLogger(discardRedisLog{})
 	client := redis.NewClient(opts)
 	defer client.Close()
 	res, err := livestore.NewRedis(client, pool, *prefix).Reconcile(ctx, *dryRun, func(key string, err error) {
@@ -444,6 +451,11 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 	}
 	return nil
 }
+
+// discardRedisLog drops go-redis's own log lines (see cmdRedisReconcile).
+type discardRedisLog struct{}
+
+func (discardRedisLog) Printf(context.Context, string, ...any) {}
 
 func cmdQuery(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
 	var q archive.Query
@@ -481,7 +493,8 @@ func cmdQuery(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 func cmdVerify(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
 	opts := verify.Options{InFlightGrace: e.settings.Sweep.InFlightGrace}
 	fs := newFlagSet("verify", e)
-	fs.DurationVar(&opts.Recent, "recent", 24*time.Hour, "window in which archive rows must exist")
+	opts.Recent = 24 * time.Hour
+	fs.Var((*durationValue)(&opts.Recent), "recent", "window (a `duration`) in which archive rows must exist")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -614,6 +627,24 @@ func atLeast(fs *flag.FlagSet, name string, value, min int) error {
 	})
 	return err
 }
+
+// durationValue is a duration flag read as the configuration variables are
+// (settings.ParseDuration): a value too long to hold is out of range, and a
+// nonzero one shorter than a nanosecond is refused. Read as 0 it would mean
+// the opposite of what was asked: --max-duration 0 sweeps until drained,
+// --pause 0 never pauses.
+type durationValue time.Duration
+
+func (d *durationValue) Set(s string) error {
+	v, err := settings.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = durationValue(v)
+	return nil
+}
+
+func (d *durationValue) String() string { return time.Duration(*d).String() }
 
 func parseTime(flagName, v string) (time.Time, error) {
 	if v == "" {

@@ -391,18 +391,29 @@ func (r *reader) duration(name string) time.Duration {
 	if v == "" {
 		return 0
 	}
+	d, err := ParseDuration(v)
+	if err != nil {
+		r.fail(name, fmt.Errorf("%w: %s", err, strconv.Quote(v)))
+	}
+	return d
+}
+
+// ParseDuration reads a duration as every setting and flag of the project
+// does: as time.ParseDuration, except that a well-formed value too long for
+// a time.Duration is "out of range", and a nonzero one shorter than a
+// nanosecond ("0.0000001ms", which time.ParseDuration reads as 0) is
+// refused, so that a value set is never silently zero.
+func ParseDuration(v string) (time.Duration, error) {
 	d, err := time.ParseDuration(v)
 	switch {
 	case err != nil && durationSyntax.MatchString(v):
-		// Well formed, so too long for a time.Duration.
-		r.fail(name, errors.New("out of range: "+strconv.Quote(v)))
+		return 0, errors.New("out of range")
 	case err != nil:
-		r.fail(name, errors.New("not a duration such as 200ms, 30s or 24h: "+strconv.Quote(v)))
+		return 0, errors.New("not a duration such as 200ms, 30s or 24h")
 	case d == 0 && strings.ContainsAny(v, "123456789"):
-		// "0.0000001ms" parses to 0: a value set is never silently zero.
-		r.fail(name, errors.New("is not 0 but shorter than a nanosecond: "+strconv.Quote(v)))
+		return 0, errors.New("is not 0 but shorter than a nanosecond")
 	}
-	return d
+	return d, nil
 }
 
 // durationSyntax is what time.ParseDuration accepts, whatever the size.
