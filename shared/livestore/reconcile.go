@@ -71,6 +71,10 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 	if !onRecord {
 		return res, ErrNoRedisStoreOnRecord
 	}
+	server, err := s.serverRunID(ctx)
+	if err != nil {
+		return res, err
+	}
 	pattern := escapeGlob(s.prefix) + "*"
 	var cursor uint64
 	for {
@@ -106,9 +110,45 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 			res.Archived++
 		}
 		if cursor = next; cursor == 0 {
-			return res, nil
+			break
 		}
 	}
+	// SCAN guarantees every key present throughout only on one server: a
+	// failover or restart mid-scan (a replica promoted behind the same
+	// endpoint) continues the cursor on another, which may skip keys, and a
+	// run that ended without a word would be taken for complete.
+	after, err := s.serverRunID(ctx)
+	if err != nil {
+		return res, err
+	}
+	if after != server {
+		return res, ErrServerChanged
+	}
+	return res, nil
+}
+
+// ErrServerChanged: the Redis server behind the URL changed during the scan
+// (a failover or a restart), so the scan may have missed keys; what was
+// archived stays archived, and a run again finds the rest.
+var ErrServerChanged = errors.New("reconcile: the Redis server changed during the scan (a failover or restart), which may have skipped keys: run again")
+
+// serverRunID reads the Redis server's run_id, which a server draws anew
+// at every start: "" where the server does not give one (a Redis-compatible
+// service that hides it), and the check it serves is then not made.
+func (s *Redis) serverRunID(ctx context.Context) (string, error) {
+	info, err := s.client.Info(ctx, "server").Result()
+	if err != nil {
+		if strings.Contains(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "NOPERM") {
+			return "", nil
+		}
+		return "", fmt.Errorf("reconcile: read the Redis server's run_id: %w", err)
+	}
+	for line := range strings.Lines(info) {
+		if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return id, nil
+		}
+	}
+	return "", nil
 }
 
 // redisLeaseSQL says whether a Redis store holds a lease in the archive's
