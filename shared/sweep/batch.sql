@@ -4,6 +4,7 @@
 -- $1  batch size
 -- $2  JSON path of the resource id inside the stored response, as text[]
 -- $3  how long past its expiry a key still in flight stays live, in ms
+-- $4  the longest resource id kept, in bytes (MaxResourceIDBytes in sweep.go)
 --
 -- The shape is claim, then DELETE ... RETURNING, then INSERT of exactly what
 -- the DELETE returned:
@@ -80,7 +81,8 @@ moved AS (
               -- 0 marks a key that expired while still in flight.
               CASE WHEN state = 'completed' THEN status_code ELSE 0 END AS status_code,
               -- The id recorded at completion, else the one at the JSON path;
-              -- a missing or non-string id is NULL, never an error.
+              -- a missing or non-string id is NULL, never an error. Bounded in
+              -- archived below.
               COALESCE(resource_id,
                        CASE WHEN jsonb_typeof(response #> $2::text[]) = 'string' THEN response #>> $2::text[] END) AS resource_id,
               created_at,
@@ -89,7 +91,13 @@ moved AS (
 archived AS (
     INSERT INTO idempotency_key_archive
            (scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
-    SELECT scoped_key, fingerprint, status_code, resource_id, created_at, expires_at
+    -- An id over $4 bytes is NULL, as the middleware keeps none longer: the
+    -- archive keeps it forever and every answer carries it. Only another
+    -- writer's row can hold one (a long string at the JSON path, or in its
+    -- resource_id column); the row still moves, without it.
+    SELECT scoped_key, fingerprint, status_code,
+           CASE WHEN octet_length(resource_id) <= $4 THEN resource_id END,
+           created_at, expires_at
       FROM moved
     ON CONFLICT (scoped_key, expired_at) DO NOTHING
     RETURNING 1

@@ -62,7 +62,7 @@ func TestBatchPlanIsIndexDrivenOnALargeLiveTable(t *testing.T) {
 			settings := map[string]string{"plan_cache_mode": "force_custom_plan"}
 			err := database.InTx(ctx, db.Pool, settings, func(tx pgx.Tx) error {
 				var raw []byte
-				if err := tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+batchSQL, size, []string{"id"}, 0).Scan(&raw); err != nil {
+				if err := tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+batchSQL, size, []string{"id"}, 0, MaxResourceIDBytes).Scan(&raw); err != nil {
 					return err
 				}
 				return json.Unmarshal(raw, &plan)

@@ -26,7 +26,7 @@
 // What an archive row records: the status code of a completed key, or 0 for a
 // key that expired while still in flight (its request never completed); and the
 // resource id read from the stored response at ResourceIDPath, NULL when it is
-// missing or not a string.
+// missing, not a string, or over MaxResourceIDBytes.
 //
 //	s, err := sweep.New(pool, sweep.Config{}, partitions, emitter)
 //	res, err := s.Run(ctx)
@@ -104,6 +104,16 @@ SELECT count(*) FROM (
      WHERE expires_at < '0001-01-01 00:00:00+00'
         OR ($2 AND expires_at < now() AND octet_length(scoped_key) > 2000)
      LIMIT $1) s`
+
+// MaxResourceIDBytes bounds the resource id an archive row keeps, in bytes:
+// a longer one is archived as NULL, like a missing one. It is the
+// middleware's bound (idempotency.MaxResourceIDBytes, which this package does
+// not import), so a row of another writer (an id at ResourceIDPath in its
+// jsonb response, or in its resource_id column) is held to the rule the
+// middleware's own rows are: the archive keeps an id forever, and every
+// answer that carries it, a lookup through the lookup function's 6 MB
+// response included, must still fit.
+const MaxResourceIDBytes = 255
 
 // DefaultInFlightGrace is SWEEP_IN_FLIGHT_GRACE's default: as long as the
 // Redis store keeps an in-flight hash past its window.
@@ -630,7 +640,7 @@ func (s *Sweeper) batch(ctx context.Context, safe bool) (batchResult, error) {
 	}
 	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error {
 		return database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, sql, s.cfg.BatchSize, s.path, s.cfg.InFlightGrace.Milliseconds()).Scan(&b.selected, &b.archived, &b.removed)
+			return tx.QueryRow(ctx, sql, s.cfg.BatchSize, s.path, s.cfg.InFlightGrace.Milliseconds(), MaxResourceIDBytes).Scan(&b.selected, &b.archived, &b.removed)
 		})
 	})
 	if !safe && database.SQLState(err) == database.CodeUniqueViolation {
