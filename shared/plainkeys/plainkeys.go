@@ -323,7 +323,7 @@ WITH bounds AS (
     UNION ALL
     SELECT (replace(substr(c.relname, 25), '_', '-') || '-01 00:00:00+00')::timestamptz
       FROM pg_class c
-     WHERE c.relnamespace = current_schema()::regnamespace
+     WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
        AND c.relkind = 'r'
        AND c.relname ~ '^idempotency_key_archive_[0-9]{4}_(0[1-9]|1[0-2])$'
        AND substr(c.relname, 25, 4) <> '0000' -- no year 0 in PostgreSQL

@@ -71,13 +71,17 @@ ON CONFLICT (partition) DO NOTHING;
 CREATE OR REPLACE FUNCTION idempotency_archive_partition_triggers(part regclass) RETURNS void
     LANGUAGE plpgsql AS $$
 DECLARE
-    archive_schema name := (SELECT relnamespace::regnamespace::name FROM pg_class
-                             WHERE oid = to_regclass('idempotency_key_archive'));
+    -- The name itself, not regnamespace's text, which is quoted already
+    -- (edited after release, see migration 014: same behaviour for every
+    -- schema whose name needs no quoting).
+    archive_schema name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                             WHERE c.oid = to_regclass('idempotency_key_archive'));
     tbl            regclass;
 BEGIN
     FOR tbl IN
         SELECT t.relid FROM pg_partition_tree(part) t JOIN pg_class c ON c.oid = t.relid
-         WHERE c.relnamespace::regnamespace::name = archive_schema
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = archive_schema
     LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'idempotency_key_archive_plain_keys') THEN
             EXECUTE format('CREATE TRIGGER idempotency_key_archive_plain_keys AFTER INSERT ON %s
