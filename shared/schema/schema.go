@@ -22,6 +22,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
@@ -32,6 +33,9 @@ var migrationFiles embed.FS
 
 //go:embed roles.sql
 var rolesSQL string
+
+//go:embed shape.sql
+var shapeSQL string
 
 // VersionTable is the table, in the migrated schema, where tern records the
 // applied migration version.
@@ -49,6 +53,37 @@ const (
 // this code embeds: an older release running against a database a newer one
 // migrated (a rollback). Migrate changes nothing then.
 var ErrSchemaAhead = errors.New("schema: the database's schema is newer than this code")
+
+// ErrTableMismatch means a table the migrations create already exists, made
+// by another tool or changed by hand, without what the sweeper, the live
+// stores or lookups rely on (see Mismatches). The migrations create tables
+// only where none exists (CREATE TABLE IF NOT EXISTS), so Migrate refuses
+// such a table, before applying anything, rather than leave it as it is.
+var ErrTableMismatch = errors.New("schema: a table exists with another definition than the migrations give it")
+
+// Querier runs a query: a *pgx.Conn, a *pgxpool.Pool or a pgx.Tx.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Mismatches lists how idempotency_keys and idempotency_key_archive, in the
+// schema first on q's search_path, differ from what the migrations create
+// in ways the sweeper, the live stores or lookups rely on (shape.sql says
+// why each matters): a live column the archive copies that may be NULL, a
+// completed row allowed without a status, another primary key, an archive
+// not partitioned by range of expired_at. Empty when both match, or do not
+// exist yet.
+func Mismatches(ctx context.Context, q Querier) ([]string, error) {
+	rows, err := q.Query(ctx, shapeSQL)
+	if err != nil {
+		return nil, fmt.Errorf("read table definitions: %w", err)
+	}
+	problems, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read table definitions: %w", err)
+	}
+	return problems, nil
+}
 
 // Result reports what Migrate did.
 type Result struct {
@@ -83,6 +118,17 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 	schemaName, err := currentSchema(ctx, conn)
 	if err != nil {
 		return res, err
+	}
+	// Before any migration touches them: a table made by another tool keeps
+	// its definition under CREATE TABLE IF NOT EXISTS, and one live row it
+	// lets through (a completed row without a status) fails every sweep.
+	problems, err := Mismatches(ctx, conn)
+	if err != nil {
+		return res, err
+	}
+	if len(problems) > 0 {
+		return res, fmt.Errorf("%w, in schema %s: %s; give the table that definition, or migrate into another schema (search_path), and run migrate again",
+			ErrTableMismatch, schemaName, strings.Join(problems, "; "))
 	}
 	versionTable := pgx.Identifier{schemaName, VersionTable}.Sanitize()
 

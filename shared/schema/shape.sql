@@ -1,0 +1,65 @@
+-- What the sweeper, the live stores and lookups rely on in the two tables
+-- migrations 001 and 002 create with CREATE TABLE IF NOT EXISTS, which
+-- leaves a table of the same name made by another tool as it is: one row
+-- per difference, none where a table does not exist yet (its migration
+-- creates it right). Read in the migrated schema (current_schema()), not
+-- through the search_path, which may find a table of that name elsewhere.
+--
+-- Why each matters:
+--   - idempotency_keys a plain table: a sweep batch deletes the rows it
+--     claimed by ctid, which names one row only within one table.
+--   - The live columns the archive copies NOT NULL, and a completed row
+--     carrying a status (idempotency_keys_completed_has_status, validated):
+--     the archive's columns are NOT NULL, so one such row fails every sweep
+--     batch that claims it, and as the oldest expired row that is every
+--     batch: nothing behind it is archived again.
+--   - The primary keys: the live store's and the sweep's ON CONFLICT
+--     targets, and the archive's one row per (key, expiry).
+--   - The archive partitioned BY RANGE (expired_at): the partition manager
+--     and every lookup read it by month.
+WITH rel AS (
+    SELECT c.oid, c.relname::text AS relname, c.relkind
+      FROM pg_catalog.pg_class c
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = current_schema()
+       AND c.relname IN ('idempotency_keys', 'idempotency_key_archive')
+),
+not_null (relname, attname) AS (
+    VALUES ('idempotency_keys', 'scoped_key'), ('idempotency_keys', 'fingerprint'), ('idempotency_keys', 'state'),
+           ('idempotency_keys', 'created_at'), ('idempotency_keys', 'expires_at'),
+           ('idempotency_key_archive', 'scoped_key'), ('idempotency_key_archive', 'fingerprint'),
+           ('idempotency_key_archive', 'status_code'), ('idempotency_key_archive', 'created_at'),
+           ('idempotency_key_archive', 'expired_at')
+),
+primary_key (relname, cols) AS (
+    VALUES ('idempotency_keys', ARRAY['scoped_key']), ('idempotency_key_archive', ARRAY['scoped_key', 'expired_at'])
+)
+SELECT format('%s is not a %s table', r.relname, CASE r.relname WHEN 'idempotency_keys' THEN 'plain' ELSE 'partitioned' END)
+  FROM rel r
+ WHERE r.relkind <> CASE r.relname WHEN 'idempotency_keys' THEN 'r' ELSE 'p' END::"char"
+UNION ALL
+SELECT format('%s.%s is not NOT NULL', w.relname, w.attname)
+  FROM rel r JOIN not_null w ON w.relname = r.relname
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                    WHERE a.attrelid = r.oid AND a.attname = w.attname AND a.attnotnull AND NOT a.attisdropped)
+UNION ALL
+SELECT format('%s has no primary key (%s)', k.relname, array_to_string(k.cols, ', '))
+  FROM rel r JOIN primary_key k ON k.relname = r.relname
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
+                    WHERE c.conrelid = r.oid AND c.contype = 'p'
+                      AND ARRAY(SELECT a.attname::text
+                                  FROM unnest(c.conkey) WITH ORDINALITY AS u (attnum, i)
+                                  JOIN pg_catalog.pg_attribute a ON a.attrelid = r.oid AND a.attnum = u.attnum
+                                 ORDER BY u.i) = k.cols)
+UNION ALL
+SELECT 'idempotency_keys has no validated CHECK constraint idempotency_keys_completed_has_status ((state = ''completed'') = (status_code IS NOT NULL))'
+  FROM rel r
+ WHERE r.relname = 'idempotency_keys'
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
+                    WHERE c.conrelid = r.oid AND c.contype = 'c' AND c.convalidated
+                      AND c.conname = 'idempotency_keys_completed_has_status')
+UNION ALL
+SELECT format('idempotency_key_archive is partitioned %s, not RANGE (expired_at)', pg_catalog.pg_get_partkeydef(r.oid))
+  FROM rel r
+ WHERE r.relname = 'idempotency_key_archive' AND r.relkind = 'p'
+   AND pg_catalog.pg_get_partkeydef(r.oid) <> 'RANGE (expired_at)'
