@@ -18,6 +18,10 @@ type handler struct {
 	// archive row that existed already, the next hour's invocations of this
 	// warm function start with ON CONFLICT.
 	conflicts sweep.ConflictMemory
+	// batches outlives it too: after a batch ran past its statement
+	// timeout, the next hour's invocations start at the size it came down
+	// to, not at SWEEP_BATCH_SIZE again.
+	batches sweep.BatchMemory
 }
 
 // options may override the configured sweep for one invocation.
@@ -57,6 +61,7 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 	}
 
 	cfg.Conflicts = &h.conflicts
+	cfg.Batches = &h.batches
 
 	pool, err := h.env.DB.Get(ctx)
 	if err != nil {
@@ -99,11 +104,13 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		return res, fmt.Errorf("%w: %s", err, fix)
 	}
 	if err != nil {
-		log.ErrorContext(ctx, "sweep failed", "error", err, "moved", res.Moved, "batches", res.Batches, "backlog", res.Backlog)
+		log.ErrorContext(ctx, "sweep failed", "error", err, "moved", res.Moved, "batches", res.Batches, "backlog", res.Backlog,
+			"batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize)
 		return res, err
 	}
 	log.InfoContext(ctx, "sweep finished", "moved", res.Moved, "archived", res.Archived, "batches", res.Batches,
-		"conflict_retries", res.ConflictRetries, "stopped", res.Stopped, "backlog", res.Backlog, "batch_max_ms", res.BatchMaxMS, "duration_ms", res.DurationMS)
+		"conflict_retries", res.ConflictRetries, "batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize,
+		"stopped", res.Stopped, "backlog", res.Backlog, "batch_max_ms", res.BatchMaxMS, "duration_ms", res.DurationMS)
 	return res, nil
 }
 

@@ -30,6 +30,8 @@ type summary struct {
 	Moved, Archived, Backlog int64
 	Batches                  int
 	ConflictRetries          int `json:"conflict_retries"`
+	BatchTimeouts            int `json:"batch_timeouts"`
+	BatchSize                int `json:"batch_size"`
 	Drained                  bool
 	Stopped                  string
 	BatchMaxMS               *int64 `json:"batch_max_ms"`
@@ -138,4 +140,32 @@ func TestAWarmFunctionRemembersAConflict(t *testing.T) {
 		require.Equal(t, map[bool]int{true: 1, false: 0}[invocation == 0], s.ConflictRetries, "invocation %d", invocation)
 	}
 	require.Len(t, testenv.Lines(logs.String(), `"conflict_retries":1`), 1, "the log line of the sweep that met the conflict says so")
+}
+
+// A warm function remembers a batch size a statement timeout brought down:
+// the next invocation starts there, with no second timed-out batch.
+func TestAWarmFunctionRemembersASmallerBatch(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	_, err := db.Pool.Exec(context.Background(), `
+		CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.03); RETURN OLD; END $$;
+		CREATE TRIGGER slow_delete BEFORE DELETE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION slow_delete()`)
+	require.NoError(t, err)
+	env, _, logs := testenv.FunctionEnv(t, db, map[string]string{"SWEEP_PAUSE": "1ms", "SWEEP_BATCH_SIZE": "64", "SWEEP_STATEMENT_TIMEOUT": "300ms"})
+	h := lambda.NewHandler((&handler{env: env}).Handle)
+	for invocation, want := range []int{2, 0} {
+		for i := range 20 {
+			dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("idem:v1:slow-%d-%02d", invocation, i), Status: 201,
+				ExpiresAt: time.Now().Add(-time.Hour)})
+		}
+		out, err := h.Invoke(testenv.Invocation(fmt.Sprintf("req-t%d", invocation)), testenv.Event(t, "sweep-schedule.json"))
+		require.NoError(t, err)
+		var s summary
+		require.NoError(t, json.Unmarshal(out, &s))
+		require.EqualValues(t, 20, s.Moved)
+		require.Equal(t, want, s.BatchTimeouts, "invocation %d", invocation)
+		require.Equal(t, 4, s.BatchSize, "invocation %d", invocation)
+	}
+	require.Len(t, testenv.Lines(logs.String(), `"batch_timeouts":2`), 1, "the log line of the sweep that timed out says so")
 }

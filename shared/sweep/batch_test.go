@@ -185,7 +185,7 @@ func raceCompletionsWithBatches(t *testing.T, db *dbtest.DB, pool *pgxpool.Pool,
 				return
 			}
 			for time.Now().Before(deadline) {
-				b, err := s.batch(ctx, safe)
+				b, err := s.batch(ctx, safe, 7)
 				if err != nil {
 					t.Errorf("batch: %v", err)
 					return

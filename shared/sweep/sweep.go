@@ -16,6 +16,13 @@
 // short (drained), when MaxDuration has passed, or when the context deadline
 // is closer than DeadlineMargin, reporting how far it got.
 //
+// A batch that runs past StatementTimeout moves nothing (its transaction
+// rolls back) and is tried again at a quarter of its size, down to one row:
+// rows that take long to move (responses of many megabytes, whose resource
+// id is read from detoasted JSON) would otherwise fail every batch of every
+// run, and nothing behind them would ever be archived. The smaller size
+// holds for the Sweeper's next hour of runs (see BatchMemory).
+//
 // Failures are loud. A run whose deadline leaves no room for a single batch
 // while expired rows wait (a Lambda timeout at or under DeadlineMargin) is a
 // *DeadlineError, not a quiet success that lets the backlog grow. Settings
@@ -42,6 +49,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -188,7 +196,48 @@ type Config struct {
 	// every one of them insert with ON CONFLICT from their first batch.
 	// Nil: each Sweeper remembers for itself.
 	Conflicts *ConflictMemory
+	// Batches remembers the batch size a batch that ran past
+	// StatementTimeout brought runs down to; shared as Conflicts is. Nil:
+	// each Sweeper remembers for itself.
+	Batches *BatchMemory
 }
+
+// BatchMemory remembers, for shrunkFor after the last batch that ran past
+// its statement timeout, the size runs start their batches at instead of
+// Config.BatchSize. The zero value is ready to use, and it is safe for
+// concurrent use.
+type BatchMemory struct {
+	mu    sync.Mutex
+	size  int
+	until time.Time
+}
+
+// start returns the size a run's first batch takes: the remembered one
+// while it lasts (on the monotonic clock), else configured.
+func (m *BatchMemory) start(configured int) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.size > 0 && time.Now().Before(m.until) {
+		return min(m.size, configured)
+	}
+	return configured
+}
+
+func (m *BatchMemory) remember(size int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.size == 0 || !time.Now().Before(m.until) || size < m.size {
+		m.size = size
+	}
+	m.until = time.Now().Add(shrunkFor)
+}
+
+// shrunkFor is how long runs keep a batch size a timeout brought down.
+const shrunkFor = time.Hour
+
+// shrink is the factor a batch that ran past its statement timeout is cut
+// by: from 10,000 rows, one row is seven timeouts away.
+const shrink = 4
 
 // ConflictMemory remembers when a batch last met an archive row that
 // existed already. The zero value is ready to use, and it is safe for
@@ -337,6 +386,13 @@ type Result struct {
 	// live; fix or delete them.
 	Unarchivable      int64    `json:"unarchivable"`
 	PartitionsCreated []string `json:"partitions_created"`
+	// BatchSize is the size of the run's last batch: Config.BatchSize, or
+	// less after a batch ran past its statement timeout (BatchTimeouts).
+	BatchSize int `json:"batch_size"`
+	// BatchTimeouts counts the batches that ran past StatementTimeout,
+	// moved nothing and were tried again at a quarter of their size (not
+	// counted in Batches).
+	BatchTimeouts int `json:"batch_timeouts"`
 	// BatchMaxMS is the longest batch of the run, in milliseconds (see
 	// Progress.Took: the attempts of a retried batch and the creation of
 	// missing partitions included, so a bound on how long a batch held its
@@ -438,6 +494,7 @@ type Sweeper struct {
 	// archiving the same keys) tends to last. Config.Conflicts, or the
 	// Sweeper's own.
 	conflicts *ConflictMemory
+	batches   *BatchMemory
 }
 
 // safeFor is how long batches insert with the conflict clause after one
@@ -455,7 +512,12 @@ func New(pool *pgxpool.Pool, cfg Config, partitions PartitionEnsurer, emitter *m
 	if conflicts == nil {
 		conflicts = new(ConflictMemory)
 	}
+	batches := cfg.Batches
+	if batches == nil {
+		batches = new(BatchMemory)
+	}
 	return &Sweeper{
+		batches:    batches,
 		pool:       pool,
 		cfg:        cfg,
 		path:       strings.Split(cfg.ResourceIDPath, "."),
@@ -502,6 +564,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	var batchStart time.Time   // when the batch being tried began, its retries included
 	raced := 0                 // consecutive batches whose missing partition appeared meanwhile
 	safe := s.conflicts.safe() // whether batches insert with the conflict clause
+	res.BatchSize = s.batches.start(s.cfg.BatchSize)
 	for {
 		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
 			res.Stopped = stop
@@ -517,7 +580,18 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		if batchStart.IsZero() {
 			batchStart = time.Now()
 		}
-		b, err := s.batch(ctx, safe)
+		b, err := s.batch(ctx, safe, res.BatchSize)
+		if s.timedOut(ctx, err) {
+			if res.BatchSize == 1 {
+				return res, fmt.Errorf("sweep batch %d: a batch of one row ran past the statement timeout (%s) and moved nothing; the oldest expired row waits: raise SWEEP_STATEMENT_TIMEOUT, or look at that row (a response of many megabytes?): %w",
+					res.Batches+1, s.cfg.StatementTimeout, err)
+			}
+			// Nothing moved: the same rows again, fewer at a time.
+			res.BatchSize = max(1, res.BatchSize/shrink)
+			s.batches.remember(res.BatchSize)
+			res.BatchTimeouts++
+			continue
+		}
 		if errors.Is(err, errArchiveConflict) {
 			// Nothing moved: the same batch again, and the batches of the
 			// next safeFor, skip the rows whose archive rows exist.
@@ -563,7 +637,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			s.cfg.OnBatch(Progress{Batches: res.Batches, Moved: res.Moved, Archived: res.Archived, Elapsed: time.Since(start), Took: took})
 		}
 		batchStart = time.Time{}
-		if b.selected < int64(s.cfg.BatchSize) {
+		if b.selected < int64(res.BatchSize) {
 			res.Drained = true
 			res.Stopped = StoppedDrained
 			return res, nil
@@ -620,7 +694,7 @@ type batchResult struct {
 // batch runs one batch: with batchSQL when safe, else with fastBatchSQL,
 // which fails with errArchiveConflict (and moves nothing) when an archive row
 // of the batch exists already.
-func (s *Sweeper) batch(ctx context.Context, safe bool) (batchResult, error) {
+func (s *Sweeper) batch(ctx context.Context, safe bool, size int) (batchResult, error) {
 	sql := fastBatchSQL
 	if safe {
 		sql = batchSQL
@@ -640,7 +714,7 @@ func (s *Sweeper) batch(ctx context.Context, safe bool) (batchResult, error) {
 	}
 	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error {
 		return database.InTx(ctx, s.pool, settings, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, sql, s.cfg.BatchSize, s.path, s.cfg.InFlightGrace.Milliseconds(), MaxResourceIDBytes).Scan(&b.selected, &b.archived, &b.removed)
+			return tx.QueryRow(ctx, sql, size, s.path, s.cfg.InFlightGrace.Milliseconds(), MaxResourceIDBytes).Scan(&b.selected, &b.archived, &b.removed)
 		})
 	})
 	if !safe && database.SQLState(err) == database.CodeUniqueViolation {
@@ -654,6 +728,15 @@ func (s *Sweeper) batch(ctx context.Context, safe bool) (batchResult, error) {
 		return b, &MissingPartitionError{Months: months}
 	}
 	return b, err
+}
+
+// timedOut reports a batch the server canceled (its statement timeout),
+// while the run itself goes on: a run whose context ended is stopping, not
+// slow. A batch that never reached the server (the database unreachable)
+// is no timeout: a smaller one would fare no better, and the run fails on
+// it as it is.
+func (s *Sweeper) timedOut(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && database.SQLState(err) == database.CodeQueryCanceled
 }
 
 // isNoPartition recognizes "no partition of relation ... found for row":
