@@ -48,7 +48,7 @@ func TestABatchWhoseBackendIsKilledFailsTheRun(t *testing.T) {
 		err error
 	}
 	done := make(chan outcome, 1)
-	s := newSweeper(t, victims, sweep.Config{BatchSize: 1000, LockTimeout: 30 * time.Second}, nil, nil)
+	s := newSweeper(t, victims, sweep.Config{BatchSize: 1000, LockTimeout: 29 * time.Second}, nil, nil)
 	go func() {
 		res, err := s.Run(ctx)
 		done <- outcome{res, err}

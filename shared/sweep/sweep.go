@@ -156,7 +156,9 @@ type Config struct {
 	// pause never runs past the deadline margin or MaxDuration.
 	Pause time.Duration
 	// LockTimeout bounds each wait for a lock inside a batch (lock_timeout).
-	// Default 2s; a whole number of milliseconds from 1ms to MaxInvocation.
+	// It must be shorter than StatementTimeout. Default 2s, or half the
+	// statement timeout when that is less (at least 1ms); a whole number
+	// of milliseconds from 1ms to MaxInvocation.
 	LockTimeout time.Duration
 	// StatementTimeout bounds each batch statement (statement_timeout).
 	// Default 30s; a whole number of milliseconds from 1ms to MaxInvocation.
@@ -203,33 +205,43 @@ type Config struct {
 }
 
 // BatchMemory remembers, for shrunkFor after the last batch that ran past
-// its statement timeout, the size runs start their batches at instead of
-// Config.BatchSize. The zero value is ready to use, and it is safe for
-// concurrent use.
+// its statement timeout, how many times batches were cut (by shrink): runs
+// start at Config.BatchSize cut as many times. Cuts, not a size: a run
+// with a smaller batch size of its own (an invocation's batch_size) that
+// timed out leaves later runs a quarter of theirs, not of its. The zero
+// value is ready to use, and it is safe for concurrent use.
 type BatchMemory struct {
 	mu    sync.Mutex
-	size  int
+	cuts  int
 	until time.Time
 }
 
-// start returns the size a run's first batch takes: the remembered one
-// while it lasts (on the monotonic clock), else configured.
-func (m *BatchMemory) start(configured int) int {
+// cutsNow returns the cuts a run starts with: the remembered ones while
+// they last (on the monotonic clock), else none.
+func (m *BatchMemory) cutsNow() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.size > 0 && time.Now().Before(m.until) {
-		return min(m.size, configured)
+	if time.Now().Before(m.until) {
+		return m.cuts
 	}
-	return configured
+	return 0
 }
 
-func (m *BatchMemory) remember(size int) {
+func (m *BatchMemory) remember(cuts int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.size == 0 || !time.Now().Before(m.until) || size < m.size {
-		m.size = size
+	if !time.Now().Before(m.until) || cuts > m.cuts {
+		m.cuts = cuts
 	}
 	m.until = time.Now().Add(shrunkFor)
+}
+
+// cut returns size cut n times by shrink, at least 1.
+func cut(size, n int) int {
+	for ; n > 0 && size > 1; n-- {
+		size /= shrink
+	}
+	return max(1, size)
 }
 
 // shrunkFor is how long runs keep a batch size a timeout brought down.
@@ -262,8 +274,9 @@ func (m *ConflictMemory) remember() {
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, 10_000)
-	c.LockTimeout = cmp.Or(c.LockTimeout, 2*time.Second)
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
+	// Under the statement timeout (see Validate), in whole milliseconds.
+	c.LockTimeout = cmp.Or(c.LockTimeout, max(time.Millisecond, min(2*time.Second, (c.StatementTimeout/2).Truncate(time.Millisecond))))
 	// Capped so that a statement timeout at its limit does not make a
 	// default margin that Validate refuses.
 	c.DeadlineMargin = cmp.Or(c.DeadlineMargin, min(c.StatementTimeout+5*time.Second, MaxInvocation-time.Second))
@@ -302,8 +315,8 @@ func (c Config) Validate() error {
 		field, name string
 		d           time.Duration
 	}{
-		{"LockTimeout", "lock timeout", c.LockTimeout},
 		{"StatementTimeout", "statement timeout", c.StatementTimeout},
+		{"LockTimeout", "lock timeout", c.LockTimeout},
 	} {
 		// PostgreSQL reads lock_timeout and statement_timeout in whole
 		// milliseconds, and 0 as "no timeout": 900µs would disable the bound
@@ -312,6 +325,12 @@ func (c Config) Validate() error {
 		if err := database.CheckTimeout(t.d); err != nil {
 			return bad(t.field, "sweep %s %s", t.name, err)
 		}
+	}
+	if c.LockTimeout >= c.StatementTimeout {
+		// A batch waiting on a lock would end at the statement timeout, as
+		// a slow one does, and be cut to a quarter of its size for nothing.
+		return bad("LockTimeout", "sweep lock timeout must be shorter than the statement timeout (%s), got %s (the default is half the statement timeout, at most 2s)",
+			c.StatementTimeout, c.LockTimeout)
 	}
 	switch {
 	case c.DeadlineMargin < 0:
@@ -447,6 +466,11 @@ type DeadlineError struct {
 	// that existed already and moved nothing, and the deadline came before
 	// the batch could run again with ON CONFLICT.
 	AfterConflict bool
+	// AfterTimeouts counts the batches the run did start, each of which ran
+	// past the statement timeout and moved nothing, before the deadline
+	// came; BatchSize is the size the last one was cut to.
+	AfterTimeouts int
+	BatchSize     int
 }
 
 func (e *DeadlineError) Error() string {
@@ -457,6 +481,11 @@ func (e *DeadlineError) Error() string {
 	what := "sweep started no batch"
 	if e.AfterConflict {
 		what = "sweep moved nothing: its first batch met an archive row that existed already, and no time was left to run it again with ON CONFLICT"
+	}
+	if e.AfterTimeouts > 0 {
+		return fmt.Sprintf("sweep moved nothing: %d batches ran past the statement timeout (the last cut to %d rows) before %s was left before the deadline, under the deadline margin of %s, and %s "+
+			"(the rows are slow to move: the next runs of this warm function start smaller; or raise SWEEP_STATEMENT_TIMEOUT)",
+			e.AfterTimeouts, e.BatchSize, e.Remaining.Round(time.Millisecond), e.Margin, waiting)
 	}
 	return fmt.Sprintf("%s: %s was left before the deadline, under the deadline margin of %s, and %s "+
 		"(every such run lets the backlog grow: give the run more time than the margin, or lower the margin)",
@@ -564,31 +593,35 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	var batchStart time.Time   // when the batch being tried began, its retries included
 	raced := 0                 // consecutive batches whose missing partition appeared meanwhile
 	safe := s.conflicts.safe() // whether batches insert with the conflict clause
-	res.BatchSize = s.batches.start(s.cfg.BatchSize)
+	cuts := s.batches.cutsNow()
+	res.BatchSize = cut(s.cfg.BatchSize, cuts)
 	for {
-		if stop := s.shouldStop(ctx, start, res.Batches); stop != "" {
+		if stop := s.shouldStop(ctx, start, res.Batches+res.BatchTimeouts); stop != "" {
 			res.Stopped = stop
 			if stop == StoppedCanceled {
 				return res, canceled(ctx, res)
 			}
 			if stop == StoppedDeadline && res.Batches == 0 {
 				deadline, _ := ctx.Deadline()
-				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin, AfterConflict: res.ConflictRetries > 0}
+				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin, AfterConflict: res.ConflictRetries > 0,
+					AfterTimeouts: res.BatchTimeouts, BatchSize: res.BatchSize}
 			}
 			return res, nil
 		}
 		if batchStart.IsZero() {
 			batchStart = time.Now()
 		}
+		tried := time.Now()
 		b, err := s.batch(ctx, safe, res.BatchSize)
-		if s.timedOut(ctx, err) {
+		if s.timedOut(ctx, err, time.Since(tried)) {
 			if res.BatchSize == 1 {
 				return res, fmt.Errorf("sweep batch %d: a batch of one row ran past the statement timeout (%s) and moved nothing; the oldest expired row waits: raise SWEEP_STATEMENT_TIMEOUT, or look at that row (a response of many megabytes?): %w",
 					res.Batches+1, s.cfg.StatementTimeout, err)
 			}
 			// Nothing moved: the same rows again, fewer at a time.
-			res.BatchSize = max(1, res.BatchSize/shrink)
-			s.batches.remember(res.BatchSize)
+			cuts++
+			res.BatchSize = cut(s.cfg.BatchSize, cuts)
+			s.batches.remember(cuts)
 			res.BatchTimeouts++
 			continue
 		}
@@ -730,13 +763,16 @@ func (s *Sweeper) batch(ctx context.Context, safe bool, size int) (batchResult, 
 	return b, err
 }
 
-// timedOut reports a batch the server canceled (its statement timeout),
+// timedOut reports a batch the server canceled at its statement timeout,
 // while the run itself goes on: a run whose context ended is stopping, not
-// slow. A batch that never reached the server (the database unreachable)
-// is no timeout: a smaller one would fare no better, and the run fails on
-// it as it is.
-func (s *Sweeper) timedOut(ctx context.Context, err error) bool {
-	return err != nil && ctx.Err() == nil && database.SQLState(err) == database.CodeQueryCanceled
+// slow. The server says the same (57014) for an operator's
+// pg_cancel_backend, which fails the run as any error does: a batch that
+// took less than the statement timeout was not canceled by it. A batch
+// that never reached the server (the database unreachable) is no timeout
+// either: a smaller one would fare no better. A lock wait is (Validate
+// keeps the lock timeout under the statement timeout).
+func (s *Sweeper) timedOut(ctx context.Context, err error, took time.Duration) bool {
+	return err != nil && ctx.Err() == nil && database.SQLState(err) == database.CodeQueryCanceled && took >= s.cfg.StatementTimeout
 }
 
 // isNoPartition recognizes "no partition of relation ... found for row":

@@ -495,6 +495,9 @@ func TestConfigValidation(t *testing.T) {
 		{sweep.Config{Pause: 100 * time.Nanosecond}, "Pause"},
 		{sweep.Config{Pause: time.Millisecond - 1}, "Pause"},
 		{sweep.Config{StatementTimeout: 1<<63 - 1}, "StatementTimeout"},
+		{sweep.Config{LockTimeout: 30 * time.Second}, "LockTimeout"},
+		{sweep.Config{LockTimeout: time.Second, StatementTimeout: time.Second}, "LockTimeout"},
+		{sweep.Config{StatementTimeout: time.Millisecond}, "LockTimeout"},
 	} {
 		_, err := sweep.New(nil, c.cfg, nil, nil)
 		var cerr *sweep.ConfigError

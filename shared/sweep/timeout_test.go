@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/schema"
 	"github.com/idemarchive/idemarchive/shared/sweep"
 )
 
@@ -82,4 +83,117 @@ func TestARowPastTheStatementTimeoutFailsTheRunLoudly(t *testing.T) {
 	require.Zero(t, res.Moved)
 	require.EqualValues(t, 3, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
 	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
+}
+
+// A run whose batches all ran past the statement timeout before its
+// deadline came started batches: its error says they were slow, not that
+// the invocation was too short for the margin.
+func TestTimeoutsThenTheDeadlineSayTheBatchesWereSlow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slowRows(t, b, "dl", 20, 100*time.Millisecond) // 64, 16 and 4 rows: all past 300 ms
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 64, StatementTimeout: 300 * time.Millisecond, DeadlineMargin: 350 * time.Millisecond}, nil, nil).Run(ctx)
+	var de *sweep.DeadlineError
+	require.ErrorAs(t, err, &de)
+	require.Positive(t, res.BatchTimeouts)
+	require.Equal(t, res.BatchTimeouts, de.AfterTimeouts)
+	require.ErrorContains(t, err, "batches ran past the statement timeout")
+	require.NotContains(t, err.Error(), "started no batch")
+}
+
+// MaxDuration bounds a run whose batches all time out.
+func TestMaxDurationBoundsARunOfTimeouts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slowRows(t, b, "md", 20, 100*time.Millisecond)
+	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 64, StatementTimeout: 300 * time.Millisecond, MaxDuration: 200 * time.Millisecond}, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, sweep.StoppedMaxDuration, res.Stopped)
+	require.Equal(t, 1, res.BatchTimeouts)
+}
+
+// An operator's pg_cancel_backend of a batch (SQLSTATE 57014, as a
+// statement timeout says) long before the statement timeout fails the run,
+// as it did before batches shrank, and leaves later runs their size.
+func TestAnOperatorsCancelIsNoStatementTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slowRows(t, b, "cancel", 10, 150*time.Millisecond) // 1.5 s a batch, the timeout 20 s
+	app := "sweep-cancel-" + b.db.Schema
+	pool := b.db.NewPool(t, dbtest.AsRole(schema.SweeperRole), dbtest.WithParam("application_name", app))
+	canceled := make(chan struct{})
+	go func() {
+		defer close(canceled)
+		for range 500 {
+			time.Sleep(20 * time.Millisecond)
+			var n int
+			if err := b.db.Pool.QueryRow(context.Background(), `
+				SELECT count(*)::int FROM (SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+				 WHERE application_name = $1 AND state = 'active' AND wait_event = 'PgSleep') c`, app).Scan(&n); err == nil && n > 0 {
+				return
+			}
+		}
+	}()
+	memory := new(sweep.BatchMemory)
+	cfg := sweep.Config{BatchSize: 16, StatementTimeout: 20 * time.Second, Batches: memory}
+	res, err := newSweeper(t, pool, cfg, nil, nil).Run(context.Background())
+	<-canceled
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "statement timeout")
+	require.Zero(t, res.BatchTimeouts)
+	require.Zero(t, res.Moved)
+
+	next, err := newSweeper(t, pool, cfg, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 16, next.BatchSize)
+	require.EqualValues(t, 10, next.Moved)
+}
+
+// The lock timeout must be shorter than the statement timeout: a batch
+// waiting on a lock ends on the lock timeout, never taken for slow rows.
+func TestALockWaitIsNoSlowBatch(t *testing.T) {
+	t.Parallel()
+	_, err := sweep.New(nil, sweep.Config{LockTimeout: 5 * time.Second, StatementTimeout: 300 * time.Millisecond}, nil, nil)
+	var ce *sweep.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "LockTimeout", ce.Field)
+	require.ErrorContains(t, err, "must be shorter than the statement timeout")
+
+	b := setup(t)
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:lockwait", Status: 201, ExpiresAt: time.Now().Add(-time.Hour)})
+	ctx := context.Background()
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "LOCK TABLE idempotency_key_archive IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	memory := new(sweep.BatchMemory)
+	// The default lock timeout is half the statement timeout.
+	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 64, StatementTimeout: 300 * time.Millisecond, Batches: memory}, nil, nil).Run(ctx)
+	require.ErrorContains(t, err, "lock timeout")
+	require.Zero(t, res.BatchTimeouts)
+	require.NoError(t, holder.Rollback(ctx))
+	res, err = newSweeper(t, b.sweeper, sweep.Config{BatchSize: 64, Batches: memory}, nil, nil).Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 64, res.BatchSize)
+	require.EqualValues(t, 1, res.Moved)
+}
+
+// A run with a small batch size of its own that timed out leaves the next
+// runs their own size cut as often, not its size.
+func TestTheMemoryKeepsCutsNotASize(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slowRows(t, b, "cuts", 8, 100*time.Millisecond) // 8 rows: 800 ms
+	memory := new(sweep.BatchMemory)
+	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 8, StatementTimeout: 300 * time.Millisecond, Batches: memory}, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.BatchTimeouts)
+	require.Equal(t, 2, res.BatchSize)
+	slowRows(t, b, "cuts-later", 2, time.Millisecond)
+	res, err = newSweeper(t, b.sweeper, sweep.Config{BatchSize: 64, Batches: memory}, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 16, res.BatchSize, "64 cut once")
 }
