@@ -91,7 +91,13 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 			"no partition or primary key can hold them. They stay live and are answered 409 expired; correct or delete them",
 			"unarchivable", res.Unarchivable)
 	}
-	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) {
+	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) && noBatch.AfterTimeouts > 0 {
+		// The batches were slow, not the invocation short: no advice on
+		// the margin, which the error's own text replaces.
+		log.ErrorContext(ctx, "sweep failed", "error", err, "backlog", res.Backlog, "stopped", res.Stopped,
+			"batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize)
+		return res, err
+	} else if noBatch != nil {
 		fix := fmt.Sprintf("raise the function's timeout well above SWEEP_DEADLINE_MARGIN (%s), for example to 5 minutes, "+
 			"or lower SWEEP_DEADLINE_MARGIN (default SWEEP_STATEMENT_TIMEOUT + 5s) below the timeout", noBatch.Margin)
 		what := "sweep started no batch: the invocation's remaining time is under SWEEP_DEADLINE_MARGIN while expired rows wait; "

@@ -54,11 +54,12 @@ const (
 // migrated (a rollback). Migrate changes nothing then.
 var ErrSchemaAhead = errors.New("schema: the database's schema is newer than this code")
 
-// ErrTableMismatch means a table the migrations create already exists, made
-// by another tool or changed by hand, without what the sweeper, the live
-// stores or lookups rely on (see Mismatches). The migrations create tables
-// only where none exists (CREATE TABLE IF NOT EXISTS), so Migrate refuses
-// such a table, before applying anything, rather than leave it as it is.
+// ErrTableMismatch means a table the migrations create already existed,
+// made by another tool, before the migration that creates it ran, without
+// what the sweeper, the live stores or lookups rely on (see Mismatches).
+// The migrations create tables only where none exists (CREATE TABLE IF NOT
+// EXISTS), so Migrate refuses such a table, before applying anything,
+// rather than leave it as it is.
 var ErrTableMismatch = errors.New("schema: a table exists with another definition than the migrations give it")
 
 // Querier runs a query: a *pgx.Conn, a *pgxpool.Pool or a pgx.Tx.
@@ -69,7 +70,8 @@ type Querier interface {
 // Mismatches lists how idempotency_keys and idempotency_key_archive, in the
 // schema first on q's search_path, differ from what the migrations create
 // in ways the sweeper, the live stores or lookups rely on (shape.sql says
-// why each matters): a live column the archive copies that may be NULL, a
+// why each matters): a column the sweeper reads or the archive holds
+// missing or of another type, a live column the archive copies that may be NULL, a
 // completed row allowed without a status, another primary key, an archive
 // not partitioned by range of expired_at. Empty when both match, or do not
 // exist yet.
@@ -83,6 +85,23 @@ func Mismatches(ctx context.Context, q Querier) ([]string, error) {
 		return nil, fmt.Errorf("read table definitions: %w", err)
 	}
 	return problems, nil
+}
+
+// recordedVersion reads the version tern recorded in versionTable (a
+// sanitized, qualified name), 0 when the table does not exist yet.
+func recordedVersion(ctx context.Context, conn *pgx.Conn, versionTable string) (int32, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", versionTable).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int32
+	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+versionTable).Scan(&v); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
 }
 
 // Result reports what Migrate did.
@@ -119,18 +138,27 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 	if err != nil {
 		return res, err
 	}
-	// Before any migration touches them: a table made by another tool keeps
-	// its definition under CREATE TABLE IF NOT EXISTS, and one live row it
-	// lets through (a completed row without a status) fails every sweep.
-	problems, err := Mismatches(ctx, conn)
+	versionTable := pgx.Identifier{schemaName, VersionTable}.Sanitize()
+	// Before migrations 001 and 002 run, which create the two tables only
+	// where none exists (CREATE TABLE IF NOT EXISTS): a table made by
+	// another tool keeps its definition, and one live row it lets through
+	// (a completed row without a status) fails every sweep. Once they ran,
+	// the tables are the migrations' own, and a later version's (after a
+	// rollback of the code) is not this code's to judge.
+	recorded, err := recordedVersion(ctx, conn, versionTable)
 	if err != nil {
 		return res, err
 	}
-	if len(problems) > 0 {
-		return res, fmt.Errorf("%w, in schema %s: %s; give the table that definition, or migrate into another schema (search_path), and run migrate again",
-			ErrTableMismatch, schemaName, strings.Join(problems, "; "))
+	if recorded < 2 {
+		problems, err := Mismatches(ctx, conn)
+		if err != nil {
+			return res, err
+		}
+		if len(problems) > 0 {
+			return res, fmt.Errorf("%w, in schema %s: %s; give the table that definition, or migrate into another schema (search_path), and run migrate again",
+				ErrTableMismatch, schemaName, strings.Join(problems, "; "))
+		}
 	}
-	versionTable := pgx.Identifier{schemaName, VersionTable}.Sanitize()
 
 	m, err := migrate.NewMigrator(ctx, conn, versionTable)
 	if err != nil {

@@ -8,6 +8,9 @@
 -- Why each matters:
 --   - idempotency_keys a plain table: a sweep batch deletes the rows it
 --     claimed by ctid, which names one row only within one table.
+--   - The columns the sweeper reads and the archive holds, of their types:
+--     a batch fails on a column missing, or on a value its cast refuses
+--     (an integer status of 40000 into smallint).
 --   - The live columns the archive copies NOT NULL, and a completed row
 --     carrying a status (idempotency_keys_completed_has_status, validated):
 --     the archive's columns are NOT NULL, so one such row fails every sweep
@@ -31,6 +34,22 @@ not_null (relname, attname) AS (
            ('idempotency_key_archive', 'status_code'), ('idempotency_key_archive', 'created_at'),
            ('idempotency_key_archive', 'expired_at')
 ),
+column_type (relname, attname, typ, required) AS (
+    VALUES ('idempotency_keys', 'scoped_key', 'text', true), ('idempotency_keys', 'fingerprint', 'bytea', true),
+           ('idempotency_keys', 'state', 'text', true), ('idempotency_keys', 'status_code', 'smallint', true),
+           ('idempotency_keys', 'response', 'jsonb', true),
+           ('idempotency_keys', 'created_at', 'timestamp with time zone', true),
+           ('idempotency_keys', 'expires_at', 'timestamp with time zone', true),
+           -- Added by later migrations where missing (ADD COLUMN IF NOT
+           -- EXISTS keeps one that exists, whatever its type).
+           ('idempotency_keys', 'resource_id', 'text', false), ('idempotency_keys', 'content_type', 'text', false),
+           ('idempotency_keys', 'response_raw', 'bytea', false), ('idempotency_keys', 'skew_ms', 'bigint', false),
+           ('idempotency_keys', 'registration', 'bytea', false),
+           ('idempotency_key_archive', 'scoped_key', 'text', true), ('idempotency_key_archive', 'fingerprint', 'bytea', true),
+           ('idempotency_key_archive', 'status_code', 'smallint', true), ('idempotency_key_archive', 'resource_id', 'text', true),
+           ('idempotency_key_archive', 'created_at', 'timestamp with time zone', true),
+           ('idempotency_key_archive', 'expired_at', 'timestamp with time zone', true)
+),
 primary_key (relname, cols) AS (
     VALUES ('idempotency_keys', ARRAY['scoped_key']), ('idempotency_key_archive', ARRAY['scoped_key', 'expired_at'])
 )
@@ -42,6 +61,12 @@ SELECT format('%s.%s is not NOT NULL', w.relname, w.attname)
   FROM rel r JOIN not_null w ON w.relname = r.relname
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
                     WHERE a.attrelid = r.oid AND a.attname = w.attname AND a.attnotnull AND NOT a.attisdropped)
+UNION ALL
+SELECT CASE WHEN a.attnum IS NULL THEN format('%s has no column %s (%s)', w.relname, w.attname, w.typ)
+            ELSE format('%s.%s is %s, not %s', w.relname, w.attname, pg_catalog.format_type(a.atttypid, NULL), w.typ) END
+  FROM rel r JOIN column_type w ON w.relname = r.relname
+  LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = r.oid AND a.attname = w.attname AND a.attnum > 0 AND NOT a.attisdropped
+ WHERE (a.attnum IS NULL AND w.required) OR pg_catalog.format_type(a.atttypid, NULL) <> w.typ
 UNION ALL
 SELECT format('%s has no primary key (%s)', k.relname, array_to_string(k.cols, ', '))
   FROM rel r JOIN primary_key k ON k.relname = r.relname
