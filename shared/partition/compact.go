@@ -234,16 +234,15 @@ func dropStatement(tbl table, index string) string {
 // every supported PostgreSQL).
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-// compaction drops what interrupted rebuilds left, then compacts up to
-// Config.CompactPerRun closed partitions (see Compaction). It records into
-// res and returns the errors of the steps that failed; a cancelled ctx stops
-// it with ctx's error.
-func (m *Manager) compaction(ctx context.Context, conn *pgx.Conn, tbl table, parts []Partition, retiring map[string]bool, now time.Time, dryRun bool, res *Result) []error {
+// dropLeftovers drops the invalid indexes interrupted rebuilds left on the
+// archive's partitions, every run whether it compacts or not: a rebuild
+// killed after its build phase (a run's, or an operator's REINDEX ...
+// CONCURRENTLY by hand) leaves a unique index that every insert into the
+// month still writes and checks, and nothing else would ever drop it. It
+// records into res and returns the errors of the drops that failed; a
+// cancelled ctx stops it with ctx's error.
+func (m *Manager) dropLeftovers(ctx context.Context, conn *pgx.Conn, tbl table, dryRun bool, res *Result) []error {
 	var errs []error
-	fail := func(partition string, err error) {
-		res.Failed = append(res.Failed, Failure{Action: "compact", Partition: partition, Error: err.Error()})
-		errs = append(errs, fmt.Errorf("%w: compact partition %s: %w", ErrIncomplete, partition, err))
-	}
 	leftovers, err := listLeftovers(ctx, conn, tbl, "")
 	if err != nil {
 		return append(errs, err)
@@ -255,11 +254,25 @@ func (m *Manager) compaction(ctx context.Context, conn *pgx.Conn, tbl table, par
 				if ctx.Err() != nil {
 					return append(errs, err)
 				}
-				fail(l.partition, err)
+				res.Failed = append(res.Failed, Failure{Action: "compact", Partition: l.partition, Error: err.Error()})
+				errs = append(errs, fmt.Errorf("%w: drop index %s left by an interrupted rebuild of partition %s: %w", ErrIncomplete, l.index, l.partition, err))
 				continue
 			}
 		}
 		res.DroppedIndexes = append(res.DroppedIndexes, l.index)
+	}
+	return errs
+}
+
+// compaction compacts up to Config.CompactPerRun closed partitions (see
+// Compaction), after dropLeftovers. It records into res and returns the
+// errors of the steps that failed; a cancelled ctx stops it with ctx's
+// error.
+func (m *Manager) compaction(ctx context.Context, conn *pgx.Conn, tbl table, parts []Partition, retiring map[string]bool, now time.Time, dryRun bool, res *Result) []error {
+	var errs []error
+	fail := func(partition string, err error) {
+		res.Failed = append(res.Failed, Failure{Action: "compact", Partition: partition, Error: err.Error()})
+		errs = append(errs, fmt.Errorf("%w: compact partition %s: %w", ErrIncomplete, partition, err))
 	}
 	pks, err := listPKs(ctx, conn, tbl)
 	if err != nil {

@@ -263,28 +263,7 @@ func TestARebuildKilledMidwayIsRepairedByTheNextRun(t *testing.T) {
 
 	// GIVEN a REINDEX ... CONCURRENTLY whose backend was terminated (a
 	// Lambda killed mid-rebuild: nothing of it ran any cleanup)
-	commit := holdWriter(t, db)
-	conn, err := db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	var pid int
-	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
-	done := make(chan error, 1)
-	go func() {
-		_, err := conn.Exec(ctx, "REINDEX INDEX CONCURRENTLY "+name+"_pkey")
-		done <- err
-	}()
-	require.Eventually(t, func() bool {
-		return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", pid) == 1
-	}, 10*time.Second, 10*time.Millisecond)
-	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_terminate_backend($1)", pid))
-	require.Error(t, <-done)
-	conn.Release()
-	// Until its backend has exited, the rebuild may still be running: the
-	// manager leaves it alone.
-	require.Eventually(t, func() bool {
-		return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid) == 0
-	}, 10*time.Second, 10*time.Millisecond)
-	commit()
+	killRebuild(t, db, name)
 	require.EqualValues(t, 1, invalidIndexes(t, db), "the killed rebuild left its new index")
 
 	// AND lookups never use the leftover
@@ -509,4 +488,42 @@ func TestARebuildThatTimedOutAfterItsSwapIsCompacted(t *testing.T) {
 	require.Empty(t, res.Compacted, "compacted again")
 	require.Zero(t, invalidIndexes(t, db), "the old index is left")
 	require.EqualValues(t, 5_000, dbtest.Count(t, db.Pool, "SELECT count(*) FROM "+name))
+}
+
+// killRebuild starts REINDEX INDEX CONCURRENTLY on name's primary key (a
+// Lambda killed mid-rebuild, an operator's rebuild by hand), holds it after
+// its build with an old snapshot, and terminates its backend, which runs
+// no cleanup: the invalid <pk>_ccnew stays. It returns once the backend
+// has exited (until then the rebuild may still be running, and the
+// manager leaves it alone).
+func killRebuild(t *testing.T, db *dbtest.DB, name string) {
+	t.Helper()
+	ctx := context.Background()
+	// A snapshot held elsewhere (not a lock on the partition): the rebuild
+	// builds its new index, marks it ready, and then waits for this
+	// snapshot before it validates it.
+	snap, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	_, err = snap.Exec(ctx, "SELECT count(*) FROM idempotency_keys")
+	require.NoError(t, err)
+	commit := func() { _ = snap.Rollback(ctx) }
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	var pid int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, "REINDEX INDEX CONCURRENTLY "+name+"_pkey")
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", pid) == 1
+	}, 20*time.Second, 10*time.Millisecond)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_terminate_backend($1)", pid))
+	require.Error(t, <-done)
+	conn.Release()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid) == 0
+	}, 20*time.Second, 10*time.Millisecond)
+	commit()
 }

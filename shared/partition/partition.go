@@ -386,17 +386,16 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 	}
 	defer conn.Release()
 
+	tbl, err := lookupTable(ctx, conn.Conn())
+	if err != nil {
+		return res, err
+	}
 	if !dryRun {
-		unlock, err := advisoryLock(ctx, conn.Conn())
+		unlock, err := advisoryLock(ctx, conn.Conn(), tbl)
 		if err != nil {
 			return res, err
 		}
 		defer unlock()
-	}
-
-	tbl, err := lookupTable(ctx, conn.Conn())
-	if err != nil {
-		return res, err
 	}
 	parts, err := list(ctx, conn.Conn())
 	if err != nil {
@@ -485,6 +484,10 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 			res.Failed = append(res.Failed, Failure{Action: "plain keys", Error: err.Error()})
 			errs = append(errs, fmt.Errorf("%w: %w", ErrIncomplete, err))
 		}
+	}
+	errs = append(errs, m.dropLeftovers(ctx, conn.Conn(), tbl, dryRun, &res)...)
+	if err := ctx.Err(); err != nil {
+		return res, runError(append(errs, err))
 	}
 	if m.cfg.CompactPerRun > 0 {
 		retiring := map[string]bool{}
@@ -579,16 +582,15 @@ func (m *Manager) EnsureMonth(ctx context.Context, t time.Time) ([]string, error
 		return nil, fmt.Errorf("acquire connection: %w", err)
 	}
 	defer conn.Release()
-	unlock, err := advisoryLock(ctx, conn.Conn())
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-
 	tbl, err := lookupTable(ctx, conn.Conn())
 	if err != nil {
 		return nil, err
 	}
+	unlock, err := advisoryLock(ctx, conn.Conn(), tbl)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	parts, err := list(ctx, conn.Conn())
 	if err != nil {
 		return nil, err
@@ -617,7 +619,7 @@ func (m *Manager) EnsureMonth(ctx context.Context, t time.Time) ([]string, error
 // plan decides the steps of a run: months are created around createNow,
 // and for every month of the expired live backlog (backlog), and retired by
 // retireNow (see Config.Now).
-func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow, retireNow time.Time, backlog []time.Time) planned {
+func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow, retireNow time.Time, backlog []time.Time) planned {
 	var pl planned
 	current := MonthStart(retireNow)
 	now := retireNow
@@ -681,12 +683,20 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []string, createNow
 	// by an earlier run whose DROP failed. Outside the retention they are
 	// dropped unless expired live rows of their month wait; otherwise
 	// attached again with their rows.
-	for _, name := range orphans {
+	for _, o := range orphans {
+		name := o.name
 		month, err := time.Parse("2006_01", strings.TrimPrefix(name, ArchiveTable+"_"))
 		if err != nil || month.Year() < 1 {
 			continue // not a month: PostgreSQL has no year 0
 		}
-		if expired(month.AddDate(0, 1, 0)) && !awaited(month, month.AddDate(0, 1, 0)) && retire(name, month.AddDate(0, 1, 0), fmt.Sprintf("DROP TABLE IF EXISTS %s", tbl.sibling(name))) {
+		if !o.shaped {
+			pl.blocked = append(pl.blocked, Failure{Action: "reattach", Partition: name, Error: fmt.Sprintf(
+				"table %s is named like a month of the archive but has not the archive's columns: rename it (it is neither attached nor dropped)", name)})
+			continue
+		}
+		end := month.AddDate(0, 1, 0)
+		if expired(end) && !awaited(month, end) && retire(name, end, fmt.Sprintf(dropOrphanSQL, tbl.sibling(name),
+			quote(month.Format(time.RFC3339)), quote(end.Format(time.RFC3339)), quote(name))) {
 			continue
 		}
 		switch exact, overlap := findMonth(parts, month); {
@@ -1295,11 +1305,17 @@ func execTraced(ctx context.Context, db interface {
 // DETACH ... CONCURRENTLY, which waits for every snapshot older than its
 // own. Each would wait for the other, a deadlock PostgreSQL breaks by
 // failing one of them. Between tries this session holds no snapshot.
-func advisoryLock(ctx context.Context, conn *pgx.Conn) (func(), error) {
-	const key = `hashtextextended('idempotency_key_archive partitions ' || current_schema(), 0)`
+//
+// The lock is the archive's, keyed by the schema it lies in (not the
+// session's current_schema(), which a search_path that names another
+// schema first would make another lock for the same archive); in the
+// usual setup the two are the same, so releases that key it either way
+// share it.
+func advisoryLock(ctx context.Context, conn *pgx.Conn, tbl table) (func(), error) {
+	const key = `hashtextextended('idempotency_key_archive partitions ' || $1::text, 0)`
 	for {
 		var held bool
-		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+key+")").Scan(&held); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+key+")", tbl.schema).Scan(&held); err != nil {
 			return nil, fmt.Errorf("take partition advisory lock: %w", err)
 		}
 		if held {
@@ -1312,7 +1328,7 @@ func advisoryLock(ctx context.Context, conn *pgx.Conn) (func(), error) {
 		}
 	}
 	return func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock("+key+")")
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock("+key+")", tbl.schema)
 	}, nil
 }
 
@@ -1372,25 +1388,60 @@ SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending
  ORDER BY c.relname`
 
 // orphansSQL lists tables named like monthly partitions, in the archive's
-// schema, that are not attached to it.
+// schema, that are not attached to it: plain tables and partitioned ones (a
+// month partitioned itself, detached whole), and whether each has the
+// archive's columns, of the archive's types. One that has not is another
+// table that happens to have such a name.
 const orphansSQL = `
-SELECT c.relname
+SELECT c.relname,
+       (SELECT count(*) FROM pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+           AND (a.attname::text, format_type(a.atttypid, NULL)) IN (
+               ('scoped_key', 'text'), ('fingerprint', 'bytea'), ('status_code', 'smallint'), ('resource_id', 'text'),
+               ('created_at', 'timestamp with time zone'), ('expired_at', 'timestamp with time zone'))) = 6
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition
+ WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition
    AND c.relname ~ '^idempotency_key_archive_[0-9]{4}_[0-9]{2}$'
  ORDER BY c.relname`
 
-func listOrphans(ctx context.Context, conn *pgx.Conn, tbl table) ([]string, error) {
+// orphan is a table named like a monthly partition and not attached.
+type orphan struct {
+	name string
+	// shaped: it has the archive's columns (see orphansSQL).
+	shaped bool
+}
+
+func listOrphans(ctx context.Context, conn *pgx.Conn, tbl table) ([]orphan, error) {
 	rows, err := conn.Query(ctx, orphansSQL, tbl.schema)
 	if err != nil {
 		return nil, fmt.Errorf("list detached partitions: %w", err)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (orphan, error) {
+		var o orphan
+		return o, r.Scan(&o.name, &o.shaped)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list detached partitions: %w", err)
 	}
-	return names, nil
+	return out, nil
 }
+
+// dropOrphanSQL drops a detached month only when every row it holds expired
+// in that month: a table detached by hand may hold rows of other months
+// (inside the retention) that lookups need back, and they are not the
+// month's to lose. The check and the drop are one statement, under the
+// table's ACCESS EXCLUSIVE lock, so no row arrives between them. %[1]s is
+// the table, %[2]s and %[3]s the month's bounds, %[4]s its name as a
+// literal.
+const dropOrphanSQL = `DO $drop$
+BEGIN
+    LOCK TABLE %[1]s IN ACCESS EXCLUSIVE MODE;
+    IF EXISTS (SELECT FROM %[1]s WHERE expired_at IS NULL OR expired_at < %[2]s OR expired_at >= %[3]s) THEN
+        RAISE EXCEPTION 'detached table %% holds rows that expired outside its month: left in place; move them into the archive, then drop it', %[4]s;
+    END IF;
+    DROP TABLE %[1]s;
+END
+$drop$`
 
 const sizeSQL = `
 SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint,
