@@ -75,7 +75,7 @@ var Variables = []Variable{
 	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 or 1ms to 15m; 0 means no pause"},
 	{"SWEEP_IN_FLIGHT_GRACE", "15m", "how long past its expiry a key still in flight stays live before it is archived as expired in flight, 0 to 24h; 0 means none"},
 	{"SWEEP_LOCK_TIMEOUT", "2s, or half SWEEP_STATEMENT_TIMEOUT when less", "lock_timeout of each batch; whole milliseconds, 1ms to 15m, shorter than SWEEP_STATEMENT_TIMEOUT (a lock wait must not look like a slow batch)"},
-	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 1ms to 14m59.999s (at most the deadline margin, which is under 15m)"},
+	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 2ms (the lock timeout must be shorter) to 14m59.999s (at most the deadline margin, which is under 15m)"},
 	{"SWEEP_DEADLINE_MARGIN", "SWEEP_STATEMENT_TIMEOUT + 5s, at most 14m59s", "no batch starts when the invocation deadline is closer than this; whole milliseconds, at least SWEEP_STATEMENT_TIMEOUT and under 15m"},
 	{"SWEEP_RESOURCE_ID_PATH", "id", "dotted JSON path of the resource id in the stored response"},
 	{"SWEEP_MISSING_PARTITION", "create", "create: make a missing month's partition and retry; fail: stop with an error naming the month"},

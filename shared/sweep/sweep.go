@@ -133,6 +133,10 @@ const MaxInFlightGrace = 24 * time.Hour
 // DefaultPause is the pause between batches when none is configured.
 const DefaultPause = 200 * time.Millisecond
 
+// MinStatementTimeout is the shortest StatementTimeout Validate accepts:
+// the lock timeout, at least 1ms, must be shorter.
+const MinStatementTimeout = 2 * time.Millisecond
+
 // Limits on BatchSize.
 const (
 	MinBatchSize = 1
@@ -161,7 +165,8 @@ type Config struct {
 	// of milliseconds from 1ms to MaxInvocation.
 	LockTimeout time.Duration
 	// StatementTimeout bounds each batch statement (statement_timeout).
-	// Default 30s; a whole number of milliseconds from 1ms to MaxInvocation.
+	// Default 30s; a whole number of milliseconds from MinStatementTimeout
+	// to MaxInvocation.
 	StatementTimeout time.Duration
 	// DeadlineMargin: no batch starts when the context deadline is closer than
 	// this. Default StatementTimeout + 5s (at most MaxInvocation - 1s), so a
@@ -326,6 +331,9 @@ func (c Config) Validate() error {
 			return bad(t.field, "sweep %s %s", t.name, err)
 		}
 	}
+	if c.StatementTimeout < MinStatementTimeout {
+		return bad("StatementTimeout", "sweep statement timeout must be at least %s, so that the lock timeout (at least 1ms) can be shorter; got %s", MinStatementTimeout, c.StatementTimeout)
+	}
 	if c.LockTimeout >= c.StatementTimeout {
 		// A batch waiting on a lock would end at the statement timeout, as
 		// a slow one does, and be cut to a quarter of its size for nothing.
@@ -405,8 +413,10 @@ type Result struct {
 	// live; fix or delete them.
 	Unarchivable      int64    `json:"unarchivable"`
 	PartitionsCreated []string `json:"partitions_created"`
-	// BatchSize is the size of the run's last batch: Config.BatchSize, or
-	// less after a batch ran past its statement timeout (BatchTimeouts).
+	// BatchSize is the batch size in force when the run ended:
+	// Config.BatchSize, or less after a batch ran past its statement timeout
+	// (BatchTimeouts): then the size the next batch takes, which a run that
+	// ended right after the timeout did not try.
 	BatchSize int `json:"batch_size"`
 	// BatchTimeouts counts the batches that ran past StatementTimeout,
 	// moved nothing and were tried again at a quarter of their size (not
@@ -468,9 +478,11 @@ type DeadlineError struct {
 	AfterConflict bool
 	// AfterTimeouts counts the batches the run did start, each of which ran
 	// past the statement timeout and moved nothing, before the deadline
-	// came; BatchSize is the size the last one was cut to.
+	// came (or MaxDuration, when set here, ended the run); BatchSize is the
+	// size the last one was cut to.
 	AfterTimeouts int
 	BatchSize     int
+	MaxDuration   time.Duration
 }
 
 func (e *DeadlineError) Error() string {
@@ -481,6 +493,11 @@ func (e *DeadlineError) Error() string {
 	what := "sweep started no batch"
 	if e.AfterConflict {
 		what = "sweep moved nothing: its first batch met an archive row that existed already, and no time was left to run it again with ON CONFLICT"
+	}
+	if e.AfterTimeouts > 0 && e.MaxDuration > 0 {
+		return fmt.Sprintf("sweep moved nothing: %d batches ran past the statement timeout (the last cut to %d rows) before the run's max duration of %s ended it, and %s "+
+			"(the rows are slow to move: raise the max duration or SWEEP_STATEMENT_TIMEOUT)",
+			e.AfterTimeouts, e.BatchSize, e.MaxDuration, waiting)
 	}
 	if e.AfterTimeouts > 0 {
 		return fmt.Sprintf("sweep moved nothing: %d batches ran past the statement timeout (the last cut to %d rows) before %s was left before the deadline, under the deadline margin of %s, and %s "+
@@ -566,7 +583,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	start := time.Now()
 	res.PartitionsCreated = []string{}
 	res.Backlog = -1
-	var noBatch *DeadlineError // set when the deadline stopped the run before any batch was tried
+	var noBatch *DeadlineError // set when the deadline (or MaxDuration, after timeouts only) stopped the run before any batch moved rows
 	defer func() {
 		res.DurationMS = time.Since(start).Milliseconds()
 		// Count the backlog even when the run was cut short: it is the figure
@@ -606,6 +623,11 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin, AfterConflict: res.ConflictRetries > 0,
 					AfterTimeouts: res.BatchTimeouts, BatchSize: res.BatchSize}
 			}
+			if stop == StoppedMaxDuration && res.Batches == 0 && res.BatchTimeouts > 0 {
+				// Failures are loud: a run that only timed out moved
+				// nothing, however it ended.
+				noBatch = &DeadlineError{Margin: s.cfg.DeadlineMargin, AfterTimeouts: res.BatchTimeouts, BatchSize: res.BatchSize, MaxDuration: s.cfg.MaxDuration}
+			}
 			return res, nil
 		}
 		if batchStart.IsZero() {
@@ -623,6 +645,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			res.BatchSize = cut(s.cfg.BatchSize, cuts)
 			s.batches.remember(cuts)
 			res.BatchTimeouts++
+			batchStart = time.Time{} // a timed-out attempt is no part of the batch that moves the rows
 			continue
 		}
 		if errors.Is(err, errArchiveConflict) {

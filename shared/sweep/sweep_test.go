@@ -497,7 +497,8 @@ func TestConfigValidation(t *testing.T) {
 		{sweep.Config{StatementTimeout: 1<<63 - 1}, "StatementTimeout"},
 		{sweep.Config{LockTimeout: 30 * time.Second}, "LockTimeout"},
 		{sweep.Config{LockTimeout: time.Second, StatementTimeout: time.Second}, "LockTimeout"},
-		{sweep.Config{StatementTimeout: time.Millisecond}, "LockTimeout"},
+		{sweep.Config{StatementTimeout: time.Millisecond}, "StatementTimeout"},
+		{sweep.Config{StatementTimeout: 2 * time.Millisecond, LockTimeout: 2 * time.Millisecond}, "LockTimeout"},
 	} {
 		_, err := sweep.New(nil, c.cfg, nil, nil)
 		var cerr *sweep.ConfigError
@@ -512,6 +513,8 @@ func TestConfigValidation(t *testing.T) {
 	_, err = sweep.New(nil, sweep.Config{StatementTimeout: sweep.MaxInvocation}, nil, nil)
 	require.NoError(t, err)
 	// The bounds themselves are accepted.
+	_, err = sweep.New(nil, sweep.Config{StatementTimeout: sweep.MinStatementTimeout}, nil, nil)
+	require.NoError(t, err, "the default lock timeout is under it")
 	_, err = sweep.New(nil, sweep.Config{LockTimeout: time.Millisecond, StatementTimeout: sweep.MaxInvocation,
 		DeadlineMargin: sweep.MaxInvocation - time.Millisecond}, nil, nil)
 	require.NoError(t, err)

@@ -103,15 +103,27 @@ func TestTimeoutsThenTheDeadlineSayTheBatchesWereSlow(t *testing.T) {
 	require.NotContains(t, err.Error(), "started no batch")
 }
 
-// MaxDuration bounds a run whose batches all time out.
+// MaxDuration bounds a run whose batches all time out, and the run, which
+// moved nothing, fails saying why.
 func TestMaxDurationBoundsARunOfTimeouts(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	slowRows(t, b, "md", 20, 100*time.Millisecond)
 	res, err := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 64, StatementTimeout: 300 * time.Millisecond, MaxDuration: 200 * time.Millisecond}, nil, nil).Run(context.Background())
-	require.NoError(t, err)
+	require.ErrorContains(t, err, "sweep moved nothing: 1 batches ran past the statement timeout (the last cut to 16 rows) before the run's max duration of 200ms ended it, and 20 expired rows wait")
 	require.Equal(t, sweep.StoppedMaxDuration, res.Stopped)
 	require.Equal(t, 1, res.BatchTimeouts)
+	require.Less(t, res.BatchMaxMS, int64(300), "no batch moved rows: a timed-out attempt is no batch's time")
+
+	// A run that moved rows after a timeout succeeds, and its longest
+	// batch is a batch's own time, not the timeouts before it.
+	slowRows(t, b, "md2", 0, 50*time.Millisecond) // 16 rows take 800 ms, 4 take 200
+	res, err = newSweeper(t, b.sweeper, sweep.Config{BatchSize: 16, StatementTimeout: 300 * time.Millisecond}, nil, nil).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.BatchTimeouts)
+	require.EqualValues(t, 20, res.Moved)
+	require.Equal(t, 4, res.BatchSize)
+	require.Less(t, res.BatchMaxMS, int64(1000), "4 rows of 50 ms, without the 300 ms timeout before")
 }
 
 // An operator's pg_cancel_backend of a batch (SQLSTATE 57014, as a
