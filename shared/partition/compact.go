@@ -118,16 +118,17 @@ SELECT c.relname, pk.relname, coalesce(obj_description(pk.oid, 'pg_class'), ''),
    AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::oid)`
 
 // leftoverSQL lists the invalid indexes an interrupted REINDEX ...
-// CONCURRENTLY leaves on the archive's partitions, except on a partition
+// CONCURRENTLY leaves on the archive's partitions, at any depth (a leaf of a
+// month partitioned itself, rebuilt by hand), except on a partition
 // where an index is being built now (it may be that REINDEX, still running).
 // $2 limits the list to one partition when it is not empty.
 const leftoverSQL = `
 SELECT c.relname, ix.relname
-  FROM pg_inherits i
-  JOIN pg_class c ON c.oid = i.inhrelid
+  FROM pg_partition_tree($1::oid::regclass) t
+  JOIN pg_class c ON c.oid = t.relid
   JOIN pg_index x ON x.indrelid = c.oid AND NOT x.indisvalid
   JOIN pg_class ix ON ix.oid = x.indexrelid
- WHERE i.inhparent = $1::oid AND ($2 = '' OR c.relname = $2)
+ WHERE t.relid <> $1::oid AND ($2 = '' OR c.relname = $2)
    AND ix.relname ~ '_cc(new|old)[0-9]*$'
    AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::oid)
    AND NOT EXISTS (SELECT FROM pg_stat_progress_create_index p WHERE p.relid = c.oid)

@@ -3,13 +3,18 @@ package partition_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
 // README: "A detached table that cannot go back (rows outside its month, or
@@ -77,4 +82,38 @@ func TestATableOfAnotherShapeNamedLikeALeadMonth(t *testing.T) {
 	require.Contains(t, res.Created, "idempotency_key_archive_2027_02", "the other months are created")
 	_, err = newManager(t, db.Pool, partition.Config{Now: at(decNow)}).EnsureMonth(ctx, month(2027, time.March))
 	require.Error(t, err)
+}
+
+// A detached month outside the retention, in a schema whose name holds the
+// dollar quote the drop's check is written in, is checked and dropped.
+func TestADetachedMonthIsDroppedInASchemaNamedWithTheDollarQuote(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	name := db.Schema + "$drop$x"
+	ident := pgx.Identifier{name}.Sanitize()
+	_, err := db.Pool.Exec(ctx, "CREATE SCHEMA "+ident)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+ident+" CASCADE") })
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = ident
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	_, err = schema.Migrate(ctx, conn.Conn(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	conn.Release()
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `
+		CREATE TABLE idempotency_key_archive_2025_01 (LIKE idempotency_key_archive);
+		INSERT INTO idempotency_key_archive_2025_01 VALUES ('idem:v1:old', '\x00', 201, NULL, '2025-01-09', '2025-01-10')`)
+	require.NoError(t, err)
+	res, err := newManager(t, pool, partition.Config{Now: at(decNow), RetentionMonths: 6}).Run(ctx, false)
+	require.NoError(t, err)
+	require.Contains(t, res.Retired, "idempotency_key_archive_2025_01")
+	var gone bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass('idempotency_key_archive_2025_01') IS NULL").Scan(&gone))
+	require.True(t, gone)
 }

@@ -49,6 +49,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -695,8 +696,7 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 			continue
 		}
 		end := month.AddDate(0, 1, 0)
-		if expired(end) && !awaited(month, end) && retire(name, end, fmt.Sprintf(dropOrphanSQL, tbl.sibling(name),
-			quote(month.Format(time.RFC3339)), quote(end.Format(time.RFC3339)), quote(name))) {
+		if expired(end) && !awaited(month, end) && retire(name, end, dropOrphan(tbl, name, month, end)) {
 			continue
 		}
 		switch exact, overlap := findMonth(parts, month); {
@@ -1430,18 +1430,37 @@ func listOrphans(ctx context.Context, conn *pgx.Conn, tbl table) ([]orphan, erro
 // in that month: a table detached by hand may hold rows of other months
 // (inside the retention) that lookups need back, and they are not the
 // month's to lose. The check and the drop are one statement, under the
-// table's ACCESS EXCLUSIVE lock, so no row arrives between them. %[1]s is
-// the table, %[2]s and %[3]s the month's bounds, %[4]s its name as a
-// literal.
-const dropOrphanSQL = `DO $drop$
+// table's ACCESS EXCLUSIVE lock, so no row arrives between them; a table
+// dropped meanwhile (by hand, by another run) is no error. The check reads
+// nothing when the table carries the CHECK constraint a DETACH ...
+// CONCURRENTLY leaves (constraint_exclusion proves it empty). %[1]s is the
+// table, %[2]s and %[3]s the month's bounds, %[4]s its name as a literal,
+// %[5]s the table as a literal; dropOrphan gives the block its quotes.
+const dropOrphanSQL = `
 BEGIN
+    IF to_regclass(%[5]s) IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('constraint_exclusion', 'on', true);
     LOCK TABLE %[1]s IN ACCESS EXCLUSIVE MODE;
     IF EXISTS (SELECT FROM %[1]s WHERE expired_at IS NULL OR expired_at < %[2]s OR expired_at >= %[3]s) THEN
         RAISE EXCEPTION 'detached table %% holds rows that expired outside its month: left in place; move them into the archive, then drop it', %[4]s;
     END IF;
     DROP TABLE %[1]s;
 END
-$drop$`
+`
+
+// dropOrphan is the statement that drops the detached table name of the
+// month [from, to) (see dropOrphanSQL), in dollar quotes no name can close.
+func dropOrphan(tbl table, name string, from, to time.Time) string {
+	body := fmt.Sprintf(dropOrphanSQL, tbl.sibling(name), quote(from.Format(time.RFC3339)), quote(to.Format(time.RFC3339)),
+		quote(name), quote(tbl.sibling(name)))
+	tag := "$drop$"
+	for i := 0; strings.Contains(body, tag); i++ {
+		tag = "$drop" + strconv.Itoa(i) + "$"
+	}
+	return "DO " + tag + body + tag
+}
 
 const sizeSQL = `
 SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint,

@@ -323,7 +323,7 @@ WITH bounds AS (
     UNION ALL
     SELECT (replace(substr(c.relname, 25), '_', '-') || '-01 00:00:00+00')::timestamptz
       FROM pg_class c
-     WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+     WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass('idempotency_key_archive'))
        AND c.relkind IN ('r', 'p') -- a month partitioned itself, detached whole
        AND c.relname ~ '^idempotency_key_archive_[0-9]{4}_(0[1-9]|1[0-2])$'
        AND substr(c.relname, 25, 4) <> '0000' -- no year 0 in PostgreSQL

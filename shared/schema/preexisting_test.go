@@ -80,6 +80,16 @@ func TestMigrateRefusesATablePreExistingWithAnotherDefinition(t *testing.T) {
 			want: "idempotency_keys.fingerprint is text, not bytea",
 		},
 		{
+			// An investigation's byte range of a key prefix misses keys
+			// under a collation that orders bytes otherwise.
+			name: "archive keys in another collation",
+			ddl: `CREATE TABLE idempotency_key_archive (
+				scoped_key text COLLATE "und-x-icu" NOT NULL, fingerprint bytea NOT NULL, status_code smallint NOT NULL, resource_id text,
+				created_at timestamptz NOT NULL, expired_at timestamptz NOT NULL, PRIMARY KEY (scoped_key, expired_at))
+				PARTITION BY RANGE (expired_at)`,
+			want: `idempotency_key_archive.scoped_key is not in the "C" collation`,
+		},
+		{
 			name: "a later migration's column of another type",
 			ddl: `CREATE TABLE idempotency_keys (
 				scoped_key text COLLATE "C" PRIMARY KEY, fingerprint bytea NOT NULL, state text NOT NULL,

@@ -16,6 +16,10 @@
 --     the archive's columns are NOT NULL, so one such row fails every sweep
 --     batch that claims it, and as the oldest expired row that is every
 --     batch: nothing behind it is archived again.
+--   - scoped_key in the "C" collation: an investigation reads a key prefix
+--     as the byte range [prefix, prefix with its last byte + 1), which
+--     another collation orders otherwise (ICU sorts ';' before ':'), and
+--     then misses archived keys without an error.
 --   - The primary keys: the live store's and the sweep's ON CONFLICT
 --     targets, and the archive's one row per (key, expiry).
 --   - The archive partitioned BY RANGE (expired_at): the partition manager
@@ -67,6 +71,17 @@ SELECT CASE WHEN a.attnum IS NULL THEN format('%s has no column %s (%s)', w.reln
   FROM rel r JOIN column_type w ON w.relname = r.relname
   LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = r.oid AND a.attname = w.attname AND a.attnum > 0 AND NOT a.attisdropped
  WHERE (a.attnum IS NULL AND w.required) OR pg_catalog.format_type(a.atttypid, NULL) <> w.typ
+UNION ALL
+SELECT format('%s.scoped_key is not in the "C" collation', r.relname)
+  FROM rel r JOIN pg_catalog.pg_attribute a ON a.attrelid = r.oid AND a.attname = 'scoped_key' AND NOT a.attisdropped
+ WHERE pg_catalog.format_type(a.atttypid, NULL) = 'text'
+   AND a.attcollation <> 'pg_catalog."C"'::pg_catalog.regcollation
+   -- The database's default, where that is libc's C or POSIX, is the same.
+   AND NOT (a.attcollation = 'pg_catalog."default"'::pg_catalog.regcollation
+            AND EXISTS (SELECT FROM pg_catalog.pg_database d
+                         WHERE d.datname = current_database() AND d.datcollate IN ('C', 'POSIX')
+                           -- datlocprovider from PostgreSQL 15 on ('i': ICU, whatever datcollate says)
+                           AND coalesce(pg_catalog.to_jsonb(d) ->> 'datlocprovider', 'c') = 'c'))
 UNION ALL
 SELECT format('%s has no primary key (%s)', k.relname, array_to_string(k.cols, ', '))
   FROM rel r JOIN primary_key k ON k.relname = r.relname
