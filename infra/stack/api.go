@@ -3,7 +3,6 @@ package stack
 import (
 	"encoding/json"
 
-	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2authorizers"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2integrations"
@@ -60,7 +59,7 @@ func NewAPI(scope constructs.Construct, id string, lookup awslambda.Function, p 
 	})
 	accessLogs := awslogs.NewLogGroup(c, jsii.String("AccessLogs"), &awslogs.LogGroupProps{
 		Retention:     retention(p.LogRetentionDays),
-		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+		RemovalPolicy: logRemoval(p),
 	})
 	format, _ := json.Marshal(accessLogFormat)
 	stage.Node().DefaultChild().(awsapigatewayv2.CfnStage).SetAccessLogSettings(&awsapigatewayv2.CfnStage_AccessLogSettingsProperty{

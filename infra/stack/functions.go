@@ -124,7 +124,7 @@ func newFunction(scope constructs.Construct, net *Network, db *Database, p Props
 	id := titled(s.name)
 	logs := awslogs.NewLogGroup(scope, jsii.String(id+"Logs"), &awslogs.LogGroupProps{
 		Retention:     retention(p.LogRetentionDays),
-		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+		RemovalPolicy: logRemoval(p),
 	})
 	role := awsiam.NewRole(scope, jsii.String(id+"Role"), &awsiam.RoleProps{
 		AssumedBy:   awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil),

@@ -225,7 +225,13 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
 				EvaluationPeriods:  jsii.Number(1),
 			})
-		alarm(f.name+"-throttles", f.fn.MetricThrottles(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), m.Notify,
+		throttled := m.Notify
+		if f.name == "lookup" {
+			// A throttled lookup counts in no Errors and no API 5xx, and
+			// the payment waiting on it is refused: it pages.
+			throttled = m.Page
+		}
+		alarm(f.name+"-throttles", f.fn.MetricThrottles(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), throttled,
 			&awscloudwatch.CreateAlarmOptions{
 				AlarmDescription:   jsii.String(fmt.Sprintf("The %s function was throttled. What to do: check the account's concurrency and its reservations.", f.name)),
 				Threshold:          jsii.Number(1),

@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
@@ -59,7 +60,7 @@ func NewNetwork(scope constructs.Construct, id string, p Props) *Network {
 	s3.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
 		Actions:    jsii.Strings("s3:PutObject"),
-		Resources:  jsii.Strings("arn:aws:s3:::cloudformation-custom-resource-response-*/*"),
+		Resources:  &[]*string{awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":s3:::cloudformation-custom-resource-response-*/*")})},
 	}))
 	// Rejected connections are the first thing to look at when a function
 	// times out connecting to the proxy.

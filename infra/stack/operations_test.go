@@ -53,7 +53,7 @@ func TestTheFunctionsCannotSendDataOut(t *testing.T) {
 		"VpcEndpointType": "Gateway",
 		"PolicyDocument": map[string]any{"Statement": []any{map[string]any{
 			"Action": "s3:PutObject", "Effect": "Allow", "Principal": map[string]any{"AWS": "*"},
-			"Resource": "arn:aws:s3:::cloudformation-custom-resource-response-*/*",
+			"Resource": map[string]any{"Fn::Join": []any{"", []any{"arn:", map[string]any{"Ref": "AWS::Partition"}, ":s3:::cloudformation-custom-resource-response-*/*"}}},
 		}}},
 	})
 	for id, sg := range b.ofType("AWS::EC2::SecurityGroup") {

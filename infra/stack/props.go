@@ -32,7 +32,7 @@ type Props struct {
 	// LiveTTL is how long the live store keeps a key (LIVE_TTL). Default 24h.
 	LiveTTL time.Duration
 	// MaxLiveTTL is the longest TTL any writer has used (MAX_LIVE_TTL).
-	// Default 168h.
+	// Default 168h, or LiveTTL when that is longer.
 	MaxLiveTTL time.Duration
 	// PartitionLeadMonths is how many months ahead partitions must exist
 	// (PARTITION_LEAD_MONTHS). Default 3; at least 2.
@@ -122,7 +122,11 @@ func (p Props) withDefaults() Props {
 		}
 	}
 	def(&p.LiveTTL, 24*time.Hour)
-	def(&p.MaxLiveTTL, 168*time.Hour)
+	if p.MaxLiveTTL == 0 {
+		// As the functions default it: a longer LiveTTL needs no
+		// MaxLiveTTL of its own.
+		p.MaxLiveTTL = max(168*time.Hour, p.LiveTTL)
+	}
 	def(&p.SweepInterval, 5*time.Minute)
 	if p.PartitionLeadMonths == 0 {
 		p.PartitionLeadMonths = 3
@@ -241,3 +245,14 @@ func (p Props) sweepTimeout() time.Duration {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// logRemoval is what deleting the stack does to the functions' log groups
+// and the API's access log: kept (with their retention) where the database
+// is protected, since they are how an investigation finds who read the
+// archive and what each run did; deleted with it otherwise.
+func logRemoval(p Props) awscdk.RemovalPolicy {
+	if p.DeletionProtection != nil && *p.DeletionProtection {
+		return awscdk.RemovalPolicy_RETAIN
+	}
+	return awscdk.RemovalPolicy_DESTROY
+}

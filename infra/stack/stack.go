@@ -26,6 +26,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 )
@@ -64,6 +65,13 @@ func New(scope constructs.Construct, id string, p Props) (*Stack, error) {
 	s.Schedules = NewSchedules(s.Stack, "Schedules", s.Functions, p)
 	// No scheduled run before the deploy's migration: on a fresh stack the
 	// schema and the users would not exist yet.
+	// Every deploy: a deploy that ships a migration ships the code that
+	// needs it, and CloudFormation updates a function's code only once the
+	// schema is migrated, not beside it (lookups and scheduled runs would
+	// meet the old schema meanwhile).
+	for _, fn := range []awslambda.Function{s.Functions.Sweep, s.Functions.Partitions, s.Functions.Lookup} {
+		fn.Node().AddDependency(s.Migration.Resource)
+	}
 	s.Schedules.Sweep.Node().AddDependency(s.Migration.Resource)
 	s.Schedules.Partitions.Node().AddDependency(s.Migration.Resource)
 	s.API = NewAPI(s.Stack, "Api", s.Functions.Lookup, p)
