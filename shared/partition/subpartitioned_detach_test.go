@@ -7,16 +7,24 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
+	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/verify"
 )
 
+// mustExec runs sql on db's pool.
+func mustExec(t *testing.T, db *dbtest.DB, sql string) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(), sql)
+	require.NoError(t, err)
+}
+
 // subPartitionedNovember2025 attaches November 2025 as a month partitioned
 // in two halves (a shape the README supports: "to a month that is
 // partitioned itself"), with one archived row, and lets a run adopt it.
-func subPartitionedNovember2025(t *testing.T, m *partition.Manager, exec func(string)) {
+func subPartitionedNovember2025(t *testing.T, db *dbtest.DB, m *partition.Manager) {
 	t.Helper()
-	exec(`
+	mustExec(t, db, `
 		CREATE TABLE idempotency_key_archive_2025_11 (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (expired_at);
 		CREATE TABLE idempotency_key_archive_2025_11a PARTITION OF idempotency_key_archive_2025_11 FOR VALUES FROM ('2025-11-01 00:00:00+00') TO ('2025-11-16 00:00:00+00');
 		CREATE TABLE idempotency_key_archive_2025_11b PARTITION OF idempotency_key_archive_2025_11 FOR VALUES FROM ('2025-11-16 00:00:00+00') TO ('2025-12-01 00:00:00+00');
@@ -37,19 +45,14 @@ func TestASubPartitionedMonthDetachedByHandIsAttachedAgain(t *testing.T) {
 	t.Parallel()
 	db, m := managedArchive(t) // retention 0: keep everything
 	ctx := context.Background()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := db.Pool.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
-	subPartitionedNovember2025(t, m, exec)
+	subPartitionedNovember2025(t, db, m)
 	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
 	require.NoError(t, err)
 	_, err = r.Lookup(ctx, "idem:v1:sub-nov", nil)
 	require.NoError(t, err)
 
 	// WHEN an operator detaches the month by hand, and the next run comes
-	exec("ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2025_11")
+	mustExec(t, db, "ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2025_11")
 	res, err := m.Run(ctx, false)
 	require.NoError(t, err)
 
@@ -66,13 +69,8 @@ func TestASubPartitionedMonthLeftDetachedOutsideTheRetentionIsDropped(t *testing
 	t.Parallel()
 	db, m := managedArchive(t)
 	ctx := context.Background()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := db.Pool.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
-	subPartitionedNovember2025(t, m, exec)
-	exec("ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2025_11 CONCURRENTLY")
+	subPartitionedNovember2025(t, db, m)
+	mustExec(t, db, "ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2025_11 CONCURRENTLY")
 
 	res, err := newManager(t, db.Pool, partition.Config{Now: at(decNow), RetentionMonths: 6}).Run(ctx, false)
 	require.NoError(t, err)
@@ -86,12 +84,7 @@ func TestAnInterruptedDetachOfASubPartitionedMonthIsAttachedAgain(t *testing.T) 
 	t.Parallel()
 	db, m := managedArchive(t)
 	ctx := context.Background()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := db.Pool.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
-	subPartitionedNovember2025(t, m, exec)
+	subPartitionedNovember2025(t, db, m)
 	interruptDetach(t, db, "idempotency_key_archive_2025_11")
 	res, err := m.Run(ctx, false)
 	require.NoError(t, err)

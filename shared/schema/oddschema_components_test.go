@@ -2,12 +2,9 @@ package schema_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
@@ -26,19 +23,10 @@ import (
 func TestOddSchemaOtherComponents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := dbtest.New(t)
-	conn := oddSchema(t, db)
-	_, err := schema.Migrate(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	require.NoError(t, err)
+	conn, pool := migratedOddSchema(t)
 	problems, err := schema.Mismatches(ctx, conn)
 	require.NoError(t, err)
 	require.Empty(t, problems)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = conn.Config().RuntimeParams["search_path"]
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
 
 	now := time.Now().UTC()
 	parts, err := partition.NewManager(pool, partition.Config{LeadMonths: 2, RetentionMonths: 120, Now: func() time.Time { return now }}, nil)

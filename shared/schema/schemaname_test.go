@@ -39,6 +39,24 @@ func oddSchema(t *testing.T, db *dbtest.DB) *pgx.Conn {
 	return conn
 }
 
+// migratedOddSchema is oddSchema migrated, with a pool on it beside the
+// connection.
+func migratedOddSchema(t *testing.T) (*pgx.Conn, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	db := dbtest.New(t)
+	conn := oddSchema(t, db)
+	_, err := schema.Migrate(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = conn.Config().RuntimeParams["search_path"]
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return conn, pool
+}
+
 // In a schema whose name needs quoting, a partition gets the recording
 // triggers (what every partitions run does for each table it attaches or
 // adopts), and an owner's UPDATE that moves an archive row is recorded.
@@ -88,18 +106,8 @@ func TestASchemaNameThatNeedsQuotingUpgrades(t *testing.T) {
 func TestASchemaNameThatNeedsQuotingRunsEveryComponent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := dbtest.New(t)
-	conn := oddSchema(t, db)
-	_, err := schema.Migrate(ctx, conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = conn.Config().RuntimeParams["search_path"]
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-
-	_, err = pool.Exec(ctx, `
+	_, pool := migratedOddSchema(t)
+	_, err := pool.Exec(ctx, `
 		CREATE TABLE idempotency_key_archive_2020_03 PARTITION OF idempotency_key_archive
 		   FOR VALUES FROM ('2020-03-01 00:00:00+00') TO ('2020-04-01 00:00:00+00')`)
 	require.NoError(t, err)
