@@ -109,19 +109,33 @@ port_in_use() {
 	return 1
 }
 
-# free_port: print a free port. A random start in 20000-40000 keeps parallel
-# runs (several worktrees, CI) from racing for the same port.
+# free_port: print a free port, from 20000 up to the kernel's ephemeral
+# range (ip_local_port_range; 32768 by default): a port in that range may
+# be the local end of any outgoing connection by the time the server binds
+# it, which no listener check sees. A random start keeps parallel runs
+# (several worktrees, CI) from racing for the same port; a server that
+# still loses its port is started again on another (see
+# lost_port).
 free_port() {
-	local start=$((20000 + RANDOM % 20000)) i port
+	local low=20000 high=40000 ephemeral i port
+	ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true)
+	if [[ ${ephemeral} =~ ^[0-9]+$ ]] && ((ephemeral > low + 1000)); then
+		high=${ephemeral}
+	fi
+	local span=$((high - low)) start=$((RANDOM % (high - low)))
 	for ((i = 0; i < 500; i++)); do
-		port=$((20000 + (start - 20000 + i) % 20000))
+		port=$((low + (start + i) % span))
 		if ! port_in_use "${port}"; then
 			echo "${port}"
 			return 0
 		fi
 	done
-	die "no free TCP port found in 20000-40000"
+	die "no free TCP port found in ${low}-$((high - 1))"
 }
+
+# lost_port LOG: true if the server logging to LOG could not bind its port
+# because something took it after free_port chose it.
+lost_port() { grep -q "Address already in use" "$1" 2>/dev/null; }
 
 # tail_log NAME FILE: show the end of a service log after a startup failure.
 tail_log() {
@@ -229,8 +243,6 @@ start_postgres() {
 		fi
 	fi
 
-	local port
-	port=$(free_port)
 	# Appended settings override initdb's defaults. Durability is off because
 	# the cluster is thrown away; only loopback TCP and a private socket dir,
 	# so nothing else on the machine can reach it or clash with it.
@@ -238,7 +250,6 @@ start_postgres() {
 
 		# --- with-services.sh: throwaway test cluster ---
 		listen_addresses = '127.0.0.1'
-		port = ${port}
 		unix_socket_directories = '${pg_dir}'
 		fsync = off
 		synchronous_commit = off
@@ -247,12 +258,26 @@ start_postgres() {
 		shared_buffers = 128MB
 	EOF
 
-	if ! run_pg "${PG_BIN_DIR}/pg_ctl" -D "${pg_data}" -l "${pg_dir}/postgres.log" \
-		-w -t 60 start >/dev/null 2>>"${pg_dir}/pg_ctl.log"; then
+	local port attempt pg_log
+	for ((attempt = 1; ; attempt++)); do
+		port=$(free_port)
+		# The last port line wins.
+		echo "port = ${port}" >>"${pg_data}/postgresql.conf"
+		# A log per attempt (the server's user writes it): the last
+		# attempt's says why it failed.
+		pg_log=${pg_dir}/postgres.${attempt}.log
+		if run_pg "${PG_BIN_DIR}/pg_ctl" -D "${pg_data}" -l "${pg_log}" \
+			-w -t 60 start >/dev/null 2>>"${pg_dir}/pg_ctl.log"; then
+			break
+		fi
+		if ((attempt < 5)) && lost_port "${pg_log}"; then
+			log "port ${port} was taken before PostgreSQL bound it; trying another"
+			continue
+		fi
 		tail_log pg_ctl "${pg_dir}/pg_ctl.log"
-		tail_log postgres "${pg_dir}/postgres.log"
+		tail_log postgres "${pg_log}"
 		die "PostgreSQL failed to start on 127.0.0.1:${port}"
-	fi
+	done
 
 	export DATABASE_URL="postgres://postgres@127.0.0.1:${port}/postgres?sslmode=disable"
 	local version
@@ -266,7 +291,9 @@ start_postgres() {
 redis_ping() {
 	local port=$1 reply=""
 	if command -v redis-cli >/dev/null 2>&1; then
-		[[ $(redis-cli -h 127.0.0.1 -p "${port}" ping 2>/dev/null) == PONG ]]
+		# Bounded: a listener that is not ours (the port taken meanwhile)
+		# may accept and never answer.
+		[[ $(timeout 2 redis-cli -h 127.0.0.1 -p "${port}" ping 2>/dev/null) == PONG ]]
 		return
 	fi
 	# No redis-cli: speak the protocol over bash's /dev/tcp, in a subshell so
@@ -293,19 +320,29 @@ start_redis() {
 		fi
 	fi
 
-	local port log_file=${tmp_dir}/redis.log
-	port=$(free_port)
-	# Foreground server in the background of this script, so we own its pid.
-	# No persistence: the data is throwaway. Logs go to stdout -> log file.
-	redis-server --port "${port}" --bind 127.0.0.1 --save '' --appendonly no \
-		--daemonize no --dir "${tmp_dir}" \
-		</dev/null >"${log_file}" 2>&1 &
-	redis_pid=$!
+	local port log_file=${tmp_dir}/redis.log attempt=1
+	start_redis_on_free_port() {
+		port=$(free_port)
+		# Foreground server in the background of this script, so we own its
+		# pid. No persistence: the data is throwaway. Logs go to stdout ->
+		# log file.
+		redis-server --port "${port}" --bind 127.0.0.1 --save '' --appendonly no \
+			--daemonize no --dir "${tmp_dir}" \
+			</dev/null >"${log_file}" 2>&1 &
+		redis_pid=$!
+	}
+	start_redis_on_free_port
 
 	local i
 	for ((i = 0; i < 100; i++)); do
 		if ! kill -0 "${redis_pid}" 2>/dev/null; then
 			redis_pid=""
+			if ((attempt < 5)) && lost_port "${log_file}"; then
+				log "port ${port} was taken before redis-server bound it; trying another"
+				attempt=$((attempt + 1)) i=0
+				start_redis_on_free_port
+				continue
+			fi
 			tail_log redis "${log_file}"
 			die "redis-server exited during startup (port ${port})"
 		fi
