@@ -29,6 +29,15 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 		PartitionRetentionMonths:   c.int("partitionRetentionMonths"),
 		SweepInterval:              c.duration("sweepInterval"),
 		SweepBatchSize:             c.int("sweepBatchSize"),
+		SweepPause:                 c.durationPtr("sweepPause"),
+		SweepInFlightGrace:         c.durationPtr("sweepInFlightGrace"),
+		SweepStatementTimeout:      c.duration("sweepStatementTimeout"),
+		SweepLockTimeout:           c.duration("sweepLockTimeout"),
+		SweepDeadlineMargin:        c.duration("sweepDeadlineMargin"),
+		SweepResourceIDPath:        c.str("sweepResourceIdPath", ""),
+		PartitionStatementTimeout:  c.duration("partitionStatementTimeout"),
+		PartitionLockTimeout:       c.duration("partitionLockTimeout"),
+		PartitionCompactPerRun:     c.intPtr("partitionCompactPerRun"),
 		AlarmEmail:                 c.str("alarmEmail", ""),
 		AlarmTopicArn:              c.str("alarmTopicArn", ""),
 		NotifyTopicArn:             c.str("notifyTopicArn", ""),
@@ -60,12 +69,16 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 // with them: the schedules and RDS Proxy keep connections open, so the
 // cluster would never pause, and were it paused, a lookup on a payment's
 // path would wait for the resume (about 15 s), past its timeout.
-var zeroMeans = map[string]bool{"partitionRetentionMonths": true}
+var zeroMeans = map[string]bool{
+	"partitionRetentionMonths": true, "sweepPause": true, "sweepInFlightGrace": true, "partitionCompactPerRun": true,
+}
 
 func (c *contextReader) positive(name string, v float64) {
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
 		c.fail(name, fmt.Errorf("must be a finite number, got %v", v))
+	case v < 0 && zeroMeans[name]:
+		c.fail(name, fmt.Errorf("must be 0 or positive, got %v", v))
 	case v <= 0 && !zeroMeans[name]:
 		c.fail(name, fmt.Errorf("must be positive, got %v (leave it unset for the default)", v))
 	}
@@ -151,4 +164,23 @@ func (c *contextReader) duration(name string) time.Duration {
 	}
 	c.positive(name, float64(d))
 	return d
+}
+
+// durationPtr is duration for a value whose zero means something: nil when
+// unset.
+func (c *contextReader) durationPtr(name string) *time.Duration {
+	if _, ok := c.raw(name); !ok {
+		return nil
+	}
+	d := c.duration(name)
+	return &d
+}
+
+// intPtr is int for a value whose zero means something: nil when unset.
+func (c *contextReader) intPtr(name string) *int {
+	if _, ok := c.raw(name); !ok {
+		return nil
+	}
+	n := c.int(name)
+	return &n
 }

@@ -62,6 +62,36 @@ func TestPropsFromContext(t *testing.T) {
 	p, _, err = propsFromContext(contextOf(map[string]any{"partitionRetentionMonths": "0"}))
 	require.NoError(t, err)
 	require.Zero(t, p.PartitionRetentionMonths)
+	for _, name := range []string{"sweepStatementTimeout", "sweepLockTimeout", "sweepDeadlineMargin", "partitionStatementTimeout", "partitionLockTimeout"} {
+		_, _, err = propsFromContext(contextOf(map[string]any{name: "0s"}))
+		require.ErrorContains(t, err, "context "+name+": must be positive", name)
+	}
+
+	// AND the function settings whose zero means something (no pause, no
+	// grace, no compaction) keep a zero, from -c and from cdk.json alike,
+	// and stay nil when unset
+	p, _, err = propsFromContext(contextOf(map[string]any{"sweepPause": "0s", "sweepInFlightGrace": float64(0), "partitionCompactPerRun": float64(0)}))
+	require.NoError(t, err)
+	require.Equal(t, new(time.Duration(0)), p.SweepPause)
+	require.Equal(t, new(time.Duration(0)), p.SweepInFlightGrace)
+	require.Equal(t, new(0), p.PartitionCompactPerRun)
+	p, _, err = propsFromContext(contextOf(map[string]any{
+		"sweepPause": "1s", "sweepStatementTimeout": "45s", "sweepLockTimeout": "3s", "sweepDeadlineMargin": "50s",
+		"sweepResourceIdPath": "data.id", "partitionStatementTimeout": "4m", "partitionLockTimeout": "10s", "partitionCompactPerRun": "2",
+	}))
+	require.NoError(t, err)
+	require.Equal(t, new(time.Second), p.SweepPause)
+	require.Nil(t, p.SweepInFlightGrace)
+	require.Equal(t, []any{45 * time.Second, 3 * time.Second, 50 * time.Second, "data.id", 4 * time.Minute, 10 * time.Second, new(2)},
+		[]any{p.SweepStatementTimeout, p.SweepLockTimeout, p.SweepDeadlineMargin, p.SweepResourceIDPath, p.PartitionStatementTimeout, p.PartitionLockTimeout, p.PartitionCompactPerRun})
+	for _, name := range []string{"sweepPause", "sweepInFlightGrace", "partitionCompactPerRun", "partitionRetentionMonths"} {
+		_, _, err = propsFromContext(contextOf(map[string]any{name: "-1"}))
+		require.ErrorContains(t, err, "context "+name, name)
+	}
+	_, _, err = propsFromContext(contextOf(map[string]any{"sweepPause": "-1s"}))
+	require.ErrorContains(t, err, "context sweepPause: must be 0 or positive")
+	_, _, err = propsFromContext(contextOf(map[string]any{"partitionCompactPerRun": "one"}))
+	require.ErrorContains(t, err, "context partitionCompactPerRun")
 
 	// AND a number that is not finite is refused, naming it (a NaN
 	// baseline made the synth panic in jsii)

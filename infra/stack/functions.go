@@ -79,8 +79,9 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 		memory: 256,
 		// PARTITION_STATEMENT_TIMEOUT is 2 minutes per DDL statement and a
 		// run may detach (CONCURRENTLY, which waits for readers) and create
-		// a few: 5 minutes covers a run that has catching up to do.
-		timeout: 5 * time.Minute,
+		// a few: 5 minutes covers a run that has catching up to do, and a
+		// longer statement timeout lengthens it (partitionsTimeout).
+		timeout: p.partitionsTimeout(),
 		user:    OwnerUser,
 		async:   &awslambda.EventInvokeConfigOptions{RetryAttempts: jsii.Number(2), OnFailure: failed},
 	})

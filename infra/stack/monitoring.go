@@ -297,7 +297,7 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 	alarm("uncompacted-partitions", metric(metrics.ArchiveUncompactedPartitions, "Minimum", day), m.Notify,
 		&awscloudwatch.CreateAlarmOptions{
 			AlarmDescription: jsii.String("Closed months have waited a week for compaction of their primary key (see compact_pending in the partitions run's log). " +
-				"What to do: if an upgrade left many months, raise the partitions function's PARTITION_COMPACT_PER_RUN or wait; if one month's rebuild times out, rebuild it by hand (README, Partition manager)."),
+				"What to do: if an upgrade left many months, raise PartitionCompactPerRun (PARTITION_COMPACT_PER_RUN) or wait; if one month's rebuild times out, rebuild it by hand (README, Partition manager)."),
 			Threshold:          jsii.Number(0),
 			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 			EvaluationPeriods:  jsii.Number(7),
@@ -317,7 +317,7 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 	alarm("sweep-duration", fns.Sweep.MetricDuration(&awscloudwatch.MetricOptions{Period: minutes(15), Statistic: jsii.String("Maximum")}), m.Notify,
 		&awscloudwatch.CreateAlarmOptions{
 			AlarmDescription: jsii.String("A sweep ran until close to its deadline margin, where it stops starting batches: the backlog outgrows what one run moves. " +
-				"What to do: raise SweepBatchSize, or look for slow batches (lock waits) in its logs."),
+				"What to do: raise SweepBatchSize or lower SweepPause, or look for slow batches (lock waits, batch_timeouts) in its logs."),
 			Threshold:          jsii.Number(DurationNearTimeout * windowMs),
 			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 			EvaluationPeriods:  jsii.Number(1),

@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 
 	"github.com/idemarchive/idemarchive/shared/metrics"
+	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/settings"
 )
 
@@ -48,6 +49,33 @@ type Props struct {
 	// SweepBatchSize is the number of rows per sweep batch
 	// (SWEEP_BATCH_SIZE). Default 10000.
 	SweepBatchSize int
+	// SweepPause is the pause between sweep batches (SWEEP_PAUSE). Nil: the
+	// function's default (200ms); zero: no pause.
+	SweepPause *time.Duration
+	// SweepInFlightGrace is how long past its expiry a key still in flight
+	// stays live (SWEEP_IN_FLIGHT_GRACE). Nil: the function's default (15m);
+	// zero: none.
+	SweepInFlightGrace *time.Duration
+	// SweepStatementTimeout, SweepLockTimeout and SweepDeadlineMargin bound
+	// each sweep batch and where a run stops starting them
+	// (SWEEP_STATEMENT_TIMEOUT, SWEEP_LOCK_TIMEOUT, SWEEP_DEADLINE_MARGIN).
+	// Zero: the function's defaults (30s; 2s or half the statement timeout;
+	// the statement timeout + 5s). The margin must leave at least
+	// MinSweepWindow of the sweep's timeout to start batches in.
+	SweepStatementTimeout, SweepLockTimeout, SweepDeadlineMargin time.Duration
+	// SweepResourceIDPath is the dotted JSON path of the resource id in the
+	// stored responses (SWEEP_RESOURCE_ID_PATH). Default "id".
+	SweepResourceIDPath string
+	// PartitionStatementTimeout and PartitionLockTimeout bound each
+	// partition DDL statement (PARTITION_STATEMENT_TIMEOUT,
+	// PARTITION_LOCK_TIMEOUT). Zero: the function's defaults (2m, 5s). The
+	// partitions function's timeout grows with the statement timeout (see
+	// partitionsTimeout), so at most MaxPartitionStatementTimeout.
+	PartitionStatementTimeout, PartitionLockTimeout time.Duration
+	// PartitionCompactPerRun is how many closed months the partitions
+	// function compacts per run (PARTITION_COMPACT_PER_RUN). Nil: the
+	// function's default (1); zero: compaction off.
+	PartitionCompactPerRun *int
 
 	// AlarmEmail, when set, is subscribed to the alarm topic the stack
 	// creates (it must confirm the subscription).
@@ -196,16 +224,58 @@ func (p Props) validate() error {
 	if p.AuroraMinCapacity > p.AuroraMaxCapacity {
 		return fmt.Errorf("AuroraMinCapacity %.1f is above AuroraMaxCapacity %.1f", p.AuroraMinCapacity, p.AuroraMaxCapacity)
 	}
+	if p.PartitionStatementTimeout > MaxPartitionStatementTimeout {
+		return fmt.Errorf("PartitionStatementTimeout must be at most %s, so that one DDL statement ends with time for the rest of the run before the partitions function's %s limit; got %s",
+			MaxPartitionStatementTimeout, maxFunctionTimeout, p.PartitionStatementTimeout)
+	}
 	if _, ok := retentionDays[p.LogRetentionDays]; !ok {
 		return fmt.Errorf("LogRetentionDays %d is not a retention CloudWatch Logs offers", p.LogRetentionDays)
 	}
 	// The functions validate their configuration at start; running the same
 	// validation here turns a bad value into a synth error instead of a
 	// function that fails every invocation after the deploy.
-	if _, err := p.functionSettings(); err != nil {
+	fs, err := p.functionSettings()
+	if err != nil {
 		return fmt.Errorf("function configuration: %w", err)
 	}
+	// The sweep starts batches only while its deadline is further than the
+	// margin: a margin that eats its timeout leaves a schedule that runs,
+	// moves nothing and never fails.
+	if window := p.sweepTimeout() - fs.Sweep.WithDefaults().DeadlineMargin; window < MinSweepWindow {
+		return fmt.Errorf("the sweep's deadline margin (%s: SweepDeadlineMargin, by default SweepStatementTimeout + 5s) leaves %s of its %s timeout (SweepInterval less a minute) to start batches in, under %s: shorten them or lengthen SweepInterval",
+			fs.Sweep.WithDefaults().DeadlineMargin, window, p.sweepTimeout(), MinSweepWindow)
+	}
 	return nil
+}
+
+// MinSweepWindow is the least time a sweep run must have to start batches
+// in: its timeout less its deadline margin.
+const MinSweepWindow = 10 * time.Second
+
+// maxFunctionTimeout is Lambda's limit.
+const maxFunctionTimeout = 15 * time.Minute
+
+// MaxPartitionStatementTimeout is the longest PartitionStatementTimeout:
+// the partitions function's timeout is the statement timeout plus
+// partitionsSlack, within Lambda's limit.
+const MaxPartitionStatementTimeout = maxFunctionTimeout - partitionsSlack
+
+// partitionsSlack is what a partitions run has besides its one longest DDL
+// statement: connecting, the other (short) statements, the cleanup that
+// compaction leaves 30 s for, and the summary.
+const partitionsSlack = 2 * time.Minute
+
+// partitionsTimeout is the partitions function's timeout: 5 minutes, or the
+// statement timeout plus partitionsSlack when longer, so that a DDL
+// statement allowed to run its whole timeout is never cut off by Lambda
+// (which would lose the run's summary and metrics, and leave a DETACH
+// CONCURRENTLY for the next run to finish).
+func (p Props) partitionsTimeout() time.Duration {
+	stmt := p.PartitionStatementTimeout
+	if stmt == 0 {
+		stmt = partition.Config{}.WithDefaults().StatementTimeout
+	}
+	return min(max(5*time.Minute, stmt+partitionsSlack), maxFunctionTimeout)
 }
 
 // functionSettings is the configuration the functions read from the
@@ -225,8 +295,10 @@ const execMode = "exec"
 
 // settingsEnv is the configuration every function shares, as the environment
 // variables of shared/settings.
+// A prop left unset (nil, or zero where zero means the default) sets no
+// variable, so the function's own default applies.
 func (p Props) settingsEnv() map[string]string {
-	return map[string]string{
+	env := map[string]string{
 		"METRICS_NAMESPACE":          p.MetricsNamespace,
 		"LIVE_TTL":                   p.LiveTTL.String(),
 		"MAX_LIVE_TTL":               p.MaxLiveTTL.String(),
@@ -234,6 +306,32 @@ func (p Props) settingsEnv() map[string]string {
 		"PARTITION_LEAD_MONTHS":      strconv.Itoa(p.PartitionLeadMonths),
 		"PARTITION_RETENTION_MONTHS": strconv.Itoa(p.PartitionRetentionMonths),
 	}
+	// Set even when zero: zero is a setting of its own (no pause, no
+	// grace, no compaction).
+	if p.SweepPause != nil {
+		env["SWEEP_PAUSE"] = p.SweepPause.String()
+	}
+	if p.SweepInFlightGrace != nil {
+		env["SWEEP_IN_FLIGHT_GRACE"] = p.SweepInFlightGrace.String()
+	}
+	if p.PartitionCompactPerRun != nil {
+		env["PARTITION_COMPACT_PER_RUN"] = strconv.Itoa(*p.PartitionCompactPerRun)
+	}
+	// Zero is refused by the functions, so here it means "unset". A
+	// negative value is passed on for the functions' validation to refuse.
+	for name, d := range map[string]time.Duration{
+		"SWEEP_STATEMENT_TIMEOUT": p.SweepStatementTimeout, "SWEEP_LOCK_TIMEOUT": p.SweepLockTimeout,
+		"SWEEP_DEADLINE_MARGIN": p.SweepDeadlineMargin, "PARTITION_STATEMENT_TIMEOUT": p.PartitionStatementTimeout,
+		"PARTITION_LOCK_TIMEOUT": p.PartitionLockTimeout,
+	} {
+		if d != 0 {
+			env[name] = d.String()
+		}
+	}
+	if p.SweepResourceIDPath != "" {
+		env["SWEEP_RESOURCE_ID_PATH"] = p.SweepResourceIDPath
+	}
+	return env
 }
 
 // sweepTimeout is one minute less than the interval: a run always ends before
