@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
@@ -32,13 +33,29 @@ type Database struct {
 	// resourceID is the DbiResourceId (instance) or DbClusterResourceId
 	// (cluster) that rds-db:connect ARNs for the database itself name.
 	resourceID *string
+	// writerID is the DB instance identifier of the instance that takes the
+	// writes (the RDS instance, or the Aurora cluster's writer): the
+	// dimension of its instance-level metrics.
+	writerID *string
+	// aurora tells an Aurora cluster (storage grows by itself; capacity in
+	// ACUs) from an RDS instance (storage up to its maximum; fixed class).
+	aurora bool
+}
+
+// Metric is one of the writer instance's AWS/RDS metrics.
+func (db *Database) Metric(name, statistic string, period awscdk.Duration) awscloudwatch.Metric {
+	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+		Namespace: jsii.String("AWS/RDS"), MetricName: jsii.String(name),
+		DimensionsMap: &map[string]*string{"DBInstanceIdentifier": db.writerID},
+		Statistic:     jsii.String(statistic), Period: period,
+	})
 }
 
 // NewDatabase builds the database and its proxy in the network's isolated
 // subnets; only the proxy accepts connections from the functions.
 func NewDatabase(scope constructs.Construct, id string, net *Network, p Props) *Database {
 	c := constructs.NewConstruct(scope, jsii.String(id))
-	db := &Database{Construct: c}
+	db := &Database{Construct: c, aurora: p.Aurora}
 	creds := awsrds.Credentials_FromGeneratedSecret(jsii.String(MasterUser), nil)
 	removal := awscdk.RemovalPolicy_DESTROY
 	if *p.DeletionProtection {
@@ -74,6 +91,7 @@ func NewDatabase(scope constructs.Construct, id string, net *Network, p Props) *
 		connections = cluster.Connections()
 		db.Secret = cluster.Secret()
 		db.resourceID = cluster.ClusterResourceIdentifier()
+		db.writerID = (*cluster.InstanceIdentifiers())[0]
 		rotate = func(o *awsrds.RotationSingleUserOptions) { cluster.AddRotationSingleUser(o) }
 	} else {
 		instance := awsrds.NewDatabaseInstance(c, jsii.String("Instance"), &awsrds.DatabaseInstanceProps{
@@ -104,6 +122,7 @@ func NewDatabase(scope constructs.Construct, id string, net *Network, p Props) *
 		connections = instance.Connections()
 		db.Secret = instance.Secret()
 		db.resourceID = instance.InstanceResourceId()
+		db.writerID = instance.InstanceIdentifier()
 		rotate = func(o *awsrds.RotationSingleUserOptions) { instance.AddRotationSingleUser(o) }
 	}
 	if *p.RotateMasterSecret {

@@ -58,7 +58,7 @@ type Monitoring struct {
 // NewMonitoring builds the topics, the alarms and the dashboard. It fails
 // when a checklist metric of shared/metrics has no alarm here, so that a
 // metric added to the checklist cannot ship unwatched.
-func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *API, p Props) (*Monitoring, error) {
+func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *API, db *Database, p Props) (*Monitoring, error) {
 	c := constructs.NewConstruct(scope, jsii.String(id))
 	m := &Monitoring{Construct: c, Checklist: map[string]awscloudwatch.Alarm{}}
 	if p.AlarmTopicArn != "" {
@@ -322,17 +322,101 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 			EvaluationPeriods:  jsii.Number(1),
 		})
-	alarm("failed-invocations", fns.Failures.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Maximum")}), m.Page,
+	// Every failure that reaches the queue pages, however many are still
+	// unread: an alarm on the queue's depth stayed in ALARM from the first
+	// unpurged message on and never paged for the next failure. Lambda's
+	// on-failure destination and EventBridge's dead-letter queue both
+	// SendMessage, which NumberOfMessagesSent counts.
+	alarm("failed-invocations", fns.Failures.MetricNumberOfMessagesSent(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), m.Page,
 		&awscloudwatch.CreateAlarmOptions{
-			AlarmDescription: jsii.String("A scheduled sweep or partitions run failed after its retries, or its event was never delivered. " +
-				"What to do: read the message in the failed-invocations queue (it names the function and the error), fix, then purge it."),
-			Threshold:          jsii.Number(0),
-			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+			AlarmDescription: jsii.String("A scheduled sweep, partitions or migrate run failed after its retries, or its event was never delivered. " +
+				"What to do: read the messages in the failed-invocations queue (each names the function and the error), fix, then purge them."),
+			Threshold:          jsii.Number(1),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(1),
+		})
+	// The queue keeps a message 14 days: one unread for a week is a failure
+	// nobody looked at, about to be lost.
+	alarm("failed-invocations-unread", fns.Failures.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Period: minutes(60), Statistic: jsii.String("Maximum")}), m.Notify,
+		&awscloudwatch.CreateAlarmOptions{
+			AlarmDescription: jsii.String("A message has waited a week in the failed-invocations queue, which drops messages after 14 days. " +
+				"What to do: read it (it names the function and the error), fix, then purge the queue."),
+			Threshold:          jsii.Number(FailedInvocationUnreadSeconds),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
 			EvaluationPeriods:  jsii.Number(1),
 		})
 
+	databaseAlarms(db, alarm, m)
+
 	m.Dashboard = newDashboard(c, fns, p, metric)
 	return m, nil
+}
+
+// Database thresholds.
+const (
+	// FreeStorageBytesThreshold pages when the RDS instance has less free
+	// storage. Storage autoscaling grows it once free space is under 10%
+	// for 5 minutes, at most every 6 hours, up to 1000 GB: under 1 GiB
+	// means it could not keep up or reached its maximum.
+	FreeStorageBytesThreshold = 1 << 30
+	// DatabaseBusyPercent: CPU (instance) or ACU (Aurora, of its maximum)
+	// utilization above this for 15 minutes notifies.
+	DatabaseBusyPercent = 80
+	// TransactionIDsNotify and TransactionIDsPage bound the age of the
+	// oldest unfrozen transaction ID (MaximumUsedTransactionIDs).
+	// PostgreSQL stops taking writes at about 2.1 billion; AWS advises
+	// acting at 1 billion. An archive's closed partitions are never
+	// updated, but each must still be frozen by an anti-wraparound vacuum,
+	// and a long transaction or a forgotten replication slot blocks it.
+	TransactionIDsNotify = 1_000_000_000
+	TransactionIDsPage   = 1_500_000_000
+	// FailedInvocationUnreadSeconds is a week.
+	FailedInvocationUnreadSeconds = 7 * 24 * 3600
+)
+
+type alarmFunc func(id string, subject awscloudwatch.IMetric, topic awssns.ITopic, o *awscloudwatch.CreateAlarmOptions) awscloudwatch.Alarm
+
+// databaseAlarms watches the writer instance: the storage every write
+// needs, its CPU or capacity, and transaction ID wraparound.
+func databaseAlarms(db *Database, alarm alarmFunc, m *Monitoring) {
+	five := awscdk.Duration_Minutes(jsii.Number(5))
+	if !db.aurora {
+		alarm("db-free-storage", db.Metric("FreeStorageSpace", "Minimum", five), m.Page, &awscloudwatch.CreateAlarmOptions{
+			AlarmDescription: jsii.String("The database instance has under 1 GiB of free storage, and storage autoscaling (at most every 6 hours, up to 1000 GB) has not grown it. " +
+				"With none left every write stops: the sweep's, and the services' live store where it shares the database. " +
+				"What to do: modify the instance's allocated storage (or its maximum); look for bloat (the live table's dead rows, a stuck replication slot's WAL)."),
+			Threshold:          jsii.Number(FreeStorageBytesThreshold),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(2),
+			DatapointsToAlarm:  jsii.Number(2),
+		})
+	}
+	busy, what := "CPUUtilization", "CPU"
+	if db.aurora {
+		busy, what = "ACUUtilization", "capacity (of AuroraMaxCapacity)"
+	}
+	alarm("db-busy", db.Metric(busy, "Average", five), m.Notify, &awscloudwatch.CreateAlarmOptions{
+		AlarmDescription: jsii.String(fmt.Sprintf("The database's %s has been over %d%% for 15 minutes: lookups on the payment path slow down with it. "+
+			"What to do: check the sweep's pace (SweepPause, SweepBatchSize) and Performance Insights for the heaviest queries; move to a larger instance class or raise AuroraMaxCapacity.", what, DatabaseBusyPercent)),
+		Threshold:          jsii.Number(DatabaseBusyPercent),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(3),
+		DatapointsToAlarm:  jsii.Number(3),
+	})
+	for _, x := range []struct {
+		id        string
+		threshold float64
+		topic     awssns.ITopic
+	}{{"db-xid-age", TransactionIDsNotify, m.Notify}, {"db-xid-wraparound", TransactionIDsPage, m.Page}} {
+		alarm(x.id, db.Metric("MaximumUsedTransactionIDs", "Maximum", awscdk.Duration_Minutes(jsii.Number(15))), x.topic, &awscloudwatch.CreateAlarmOptions{
+			AlarmDescription: jsii.String(fmt.Sprintf("The oldest unfrozen transaction ID is over %.1f billion transactions old; at about 2.1 billion PostgreSQL stops taking writes. "+
+				"What to do: find what holds vacuum back (a long transaction in pg_stat_activity, a prepared transaction, an unused replication slot) and end it; "+
+				"then check that autovacuum's anti-wraparound runs finish (pg_stat_progress_vacuum) on the archive's partitions.", x.threshold/1e9)),
+			Threshold:          jsii.Number(x.threshold),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(1),
+		})
+	}
 }
 
 func newDashboard(c constructs.Construct, fns *Functions, p Props, metric func(string, string, awscdk.Duration) awscloudwatch.Metric) awscloudwatch.Dashboard {

@@ -217,12 +217,20 @@ func TestFunctionAlarms(t *testing.T) {
 		"Statistic":  "Maximum",
 		"Threshold":  184500,
 	})
-	// AND a message in the failure queue pages
+	// AND every message sent to the failure queue pages, however many
+	// wait unread (an alarm on the queue's depth paged for the first only)
 	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 		"Namespace":          "AWS/SQS",
-		"MetricName":         "ApproximateNumberOfMessagesVisible",
-		"Threshold":          0,
-		"ComparisonOperator": "GreaterThanThreshold",
+		"MetricName":         "NumberOfMessagesSent",
+		"Statistic":          "Sum",
+		"Threshold":          1,
+		"ComparisonOperator": "GreaterThanOrEqualToThreshold",
+	})
+	// AND a message left unread for a week of its 14 days notifies
+	b.template.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		"Namespace":  "AWS/SQS",
+		"MetricName": "ApproximateAgeOfOldestMessage",
+		"Threshold":  7 * 24 * 3600,
 	})
 }
 
