@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/fnenv"
+	"github.com/idemarchive/idemarchive/shared/lookupapi"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
@@ -288,11 +289,48 @@ func TestBadInputIsA4xxProblem(t *testing.T) {
 	}
 }
 
+// A database that cannot be reached is answered 503 "unavailable" (a retry
+// may succeed), with a body that names nothing internal; the cause is
+// logged with the request id, never the password.
+func TestAnUnreachableDatabaseIs503Unavailable(t *testing.T) {
+	t.Parallel()
+	env, _, stderr := testenv.FunctionEnv(t, nil, map[string]string{"DATABASE_URL": "postgres://secretuser:hunter2@127.0.0.1:1/db?connect_timeout=2"})
+	h := lambda.NewHandler(newHandler(env))
+	ctx, cancel := context.WithTimeout(testenv.Invocation("req-503"), 10*time.Second)
+	defer cancel()
+	out, err := h.Invoke(ctx, v2("GET", "/v1/archive/keys/idem:v1:probe", nil))
+	require.NoError(t, err)
+	var resp events.APIGatewayV2HTTPResponse
+	require.NoError(t, json.Unmarshal(out, &resp))
+	require.Equal(t, 503, resp.StatusCode)
+	require.JSONEq(t, `{"type":"urn:idemarchive:problem:unavailable","title":"Service Unavailable","status":503,"code":"unavailable","request_id":"req-503"}`, resp.Body)
+	require.NotContains(t, resp.Body, "127.0.0.1")
+	logs := stderr.String()
+	require.Contains(t, logs, `"request_id":"req-503"`)
+	require.Contains(t, logs, "lookup answered unavailable")
+	require.Contains(t, logs, "127.0.0.1", "the operator sees which database could not be reached")
+	require.NotContains(t, logs, "hunter2", "the password never reaches the logs")
+
+	// AND a direct invocation (the middleware's) gets the same problem
+	out, err = h.Invoke(ctx, []byte(`{"scoped_key":"idem:v1:probe"}`))
+	require.NoError(t, err)
+	var direct lookupapi.DirectResponse
+	require.NoError(t, json.Unmarshal(out, &direct))
+	require.Equal(t, 503, direct.Status)
+	require.Equal(t, "unavailable", direct.Problem.Code)
+}
+
+// An error no retry can fix (here a database that does not exist on a
+// running server) is a generic 500 that leaks nothing; the error is logged
+// with the request id.
 func TestInternalErrorsLeakNothing(t *testing.T) {
 	t.Parallel()
-	// A database that cannot be reached: the error is logged with the request
-	// id and the client gets a generic 500.
-	env, _, stderr := testenv.FunctionEnv(t, nil, map[string]string{"DATABASE_URL": "postgres://secretuser:hunter2@127.0.0.1:1/db?connect_timeout=2"})
+	db := dbtest.New(t)
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	u.Path = "/no_such_database_here"
+	u.User = url.UserPassword("postgres", "hunter2")
+	env, _, stderr := testenv.FunctionEnv(t, nil, map[string]string{"DATABASE_URL": u.String()})
 	h := lambda.NewHandler(newHandler(env))
 	ctx, cancel := context.WithTimeout(testenv.Invocation("req-500"), 10*time.Second)
 	defer cancel()
@@ -302,10 +340,11 @@ func TestInternalErrorsLeakNothing(t *testing.T) {
 	require.NoError(t, json.Unmarshal(out, &resp))
 	require.Equal(t, 500, resp.StatusCode)
 	require.JSONEq(t, `{"type":"urn:idemarchive:problem:internal_error","title":"Internal Server Error","status":500,"code":"internal_error","request_id":"req-500"}`, resp.Body)
-	require.NotContains(t, resp.Body, "127.0.0.1")
+	require.NotContains(t, resp.Body, "no_such_database_here")
 	logs := stderr.String()
 	require.Contains(t, logs, `"request_id":"req-500"`)
 	require.Contains(t, logs, "lookup failed")
+	require.Contains(t, logs, "no_such_database_here")
 	require.NotContains(t, logs, "hunter2", "the password never reaches the logs")
 }
 

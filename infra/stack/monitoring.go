@@ -277,7 +277,7 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 	alarm("lookup-5xx", lookup5xx.Metric(&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), m.Page,
 		&awscloudwatch.CreateAlarmOptions{
 			AlarmDescription: jsii.String("Lookups answered 5xx (database or proxy unreachable, timeouts): the middleware is failing closed (503) for fresh keys. " +
-				"What to do: read the lookup function's \"lookup failed\" lines; check the proxy's and the database's health."),
+				"What to do: read the lookup function's \"lookup answered unavailable\", \"lookup answered timeout\" and \"lookup failed\" lines; check the proxy's and the database's health."),
 			Threshold:          jsii.Number(5),
 			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
 			EvaluationPeriods:  jsii.Number(1),

@@ -65,6 +65,9 @@ var (
 	// ErrTimeout means a query ran out of time: its statement timeout, or
 	// the caller's deadline.
 	ErrTimeout = errors.New("archive: the query ran out of time")
+	// ErrUnavailable means the database could not be reached or was not
+	// taking connections (database.Unavailable): a later try may succeed.
+	ErrUnavailable = errors.New("archive: the database is unavailable")
 )
 
 // DefaultStatementTimeout bounds each lookup and investigation query.
@@ -453,7 +456,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 	})
 	r.metrics.Emit(metrics.Milliseconds(metrics.ArchiveLookupDurationMs, time.Since(start)))
 	if err != nil {
-		return rec, fmt.Errorf("archive lookup: %w", timeoutError(ctx, err))
+		return rec, fmt.Errorf("archive lookup: %w", queryError(ctx, err))
 	}
 	if !found {
 		return rec, ErrNotFound
@@ -501,12 +504,16 @@ func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
 // middleware that fails open would then run a late retry again).
 const boundSQL = "SELECT set_config('statement_timeout', $1, true), set_config('DateStyle', 'ISO, YMD', true)"
 
-// timeoutError turns a cancelled statement or an expired deadline into
-// ErrTimeout (still matching the original error).
-func timeoutError(ctx context.Context, err error) error {
+// queryError turns a cancelled statement or an expired deadline into
+// ErrTimeout, and a database that could not be reached into ErrUnavailable
+// (both still matching the original error).
+func queryError(ctx context.Context, err error) error {
 	var pgErr *pgconn.PgError
 	if (errors.As(err, &pgErr) && pgErr.Code == "57014") || errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	if database.Unavailable(err) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err
 }
@@ -620,7 +627,7 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, e
 			// SELECT on it: every partition is read. Correct, only slower.
 			return all, nil
 		}
-		return all, fmt.Errorf("read where the key's rows are: %w", timeoutError(ctx, err))
+		return all, fmt.Errorf("read where the key's rows are: %w", queryError(ctx, err))
 	}
 	e := all
 	e.earliest, e.latest = lo, hi
@@ -729,7 +736,7 @@ func (r *Reader) lateBound(ctx context.Context, st Statement, ts time.Time, late
 		if missingGrantOrTable(err) {
 			return latest, nil
 		}
-		return latest, fmt.Errorf("read where the key's late rows are: %w", timeoutError(ctx, err))
+		return latest, fmt.Errorf("read where the key's late rows are: %w", queryError(ctx, err))
 	}
 	return lateBoundFrom(hi, ts, latest), nil
 }
@@ -874,7 +881,7 @@ func (r *Reader) readWriters(ctx context.Context, maxAge time.Duration) (writers
 			// partition is read. Correct, only slower.
 			return writersView{reach: -1}, nil
 		}
-		return writersView{}, fmt.Errorf("read the writers' clock skews: %w", timeoutError(ctx, err))
+		return writersView{}, fmt.Errorf("read the writers' clock skews: %w", queryError(ctx, err))
 	}
 	// A TTL past maxRecordedTTL (written by hand) would overflow a
 	// Duration; it reads as that long, which reaches every partition.
@@ -1061,7 +1068,7 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 		})
 	})
 	if err != nil {
-		return Page{Records: []Record{}}, fmt.Errorf("archive investigation query: %w", timeoutError(ctx, err))
+		return Page{Records: []Record{}}, fmt.Errorf("archive investigation query: %w", queryError(ctx, err))
 	}
 	// One row more than the page was read to learn whether another page exists.
 	if len(page.Records) > limit {

@@ -64,6 +64,7 @@ var problems = []struct {
 	{ErrMethodNotAllowed, http.StatusMethodNotAllowed, "method_not_allowed"},
 	{archive.ErrTimeout, http.StatusServiceUnavailable, "timeout"},
 	{context.DeadlineExceeded, http.StatusServiceUnavailable, "timeout"},
+	{archive.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
 }
 
 // ProblemFor maps err to a Problem. Known kinds keep their message as the
