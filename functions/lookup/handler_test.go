@@ -296,12 +296,7 @@ func TestAnUnreachableDatabaseIs503Unavailable(t *testing.T) {
 	t.Parallel()
 	env, _, stderr := testenv.FunctionEnv(t, nil, map[string]string{"DATABASE_URL": "postgres://secretuser:hunter2@127.0.0.1:1/db?connect_timeout=2"})
 	h := lambda.NewHandler(newHandler(env))
-	ctx, cancel := context.WithTimeout(testenv.Invocation("req-503"), 10*time.Second)
-	defer cancel()
-	out, err := h.Invoke(ctx, v2("GET", "/v1/archive/keys/idem:v1:probe", nil))
-	require.NoError(t, err)
-	var resp events.APIGatewayV2HTTPResponse
-	require.NoError(t, json.Unmarshal(out, &resp))
+	resp := getProbe(t, h, "req-503")
 	require.Equal(t, 503, resp.StatusCode)
 	require.JSONEq(t, `{"type":"urn:idemarchive:problem:unavailable","title":"Service Unavailable","status":503,"code":"unavailable","request_id":"req-503"}`, resp.Body)
 	require.NotContains(t, resp.Body, "127.0.0.1")
@@ -312,12 +307,24 @@ func TestAnUnreachableDatabaseIs503Unavailable(t *testing.T) {
 	require.NotContains(t, logs, "hunter2", "the password never reaches the logs")
 
 	// AND a direct invocation (the middleware's) gets the same problem
-	out, err = h.Invoke(ctx, []byte(`{"scoped_key":"idem:v1:probe"}`))
+	out, err := h.Invoke(testenv.Invocation("req-503-direct"), []byte(`{"scoped_key":"idem:v1:probe"}`))
 	require.NoError(t, err)
 	var direct lookupapi.DirectResponse
 	require.NoError(t, json.Unmarshal(out, &direct))
 	require.Equal(t, 503, direct.Status)
 	require.Equal(t, "unavailable", direct.Problem.Code)
+}
+
+// getProbe looks up idem:v1:probe through an HTTP API event.
+func getProbe(t *testing.T, h lambda.Handler, requestID string) events.APIGatewayV2HTTPResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(testenv.Invocation(requestID), 10*time.Second)
+	defer cancel()
+	out, err := h.Invoke(ctx, v2("GET", "/v1/archive/keys/idem:v1:probe", nil))
+	require.NoError(t, err)
+	var resp events.APIGatewayV2HTTPResponse
+	require.NoError(t, json.Unmarshal(out, &resp))
+	return resp
 }
 
 // An error no retry can fix (here a database that does not exist on a
@@ -332,12 +339,7 @@ func TestInternalErrorsLeakNothing(t *testing.T) {
 	u.User = url.UserPassword("postgres", "hunter2")
 	env, _, stderr := testenv.FunctionEnv(t, nil, map[string]string{"DATABASE_URL": u.String()})
 	h := lambda.NewHandler(newHandler(env))
-	ctx, cancel := context.WithTimeout(testenv.Invocation("req-500"), 10*time.Second)
-	defer cancel()
-	out, err := h.Invoke(ctx, v2("GET", "/v1/archive/keys/idem:v1:probe", nil))
-	require.NoError(t, err)
-	var resp events.APIGatewayV2HTTPResponse
-	require.NoError(t, json.Unmarshal(out, &resp))
+	resp := getProbe(t, h, "req-500")
 	require.Equal(t, 500, resp.StatusCode)
 	require.JSONEq(t, `{"type":"urn:idemarchive:problem:internal_error","title":"Internal Server Error","status":500,"code":"internal_error","request_id":"req-500"}`, resp.Body)
 	require.NotContains(t, resp.Body, "no_such_database_here")
