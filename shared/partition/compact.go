@@ -57,6 +57,11 @@ import (
 //     PARTITION_STATEMENT_TIMEOUT, or `archivectl partitions
 //     --compact-per-run`), or it is rebuilt by hand (see the README). It
 //     stays in Result.CompactPending.
+//   - A month owned by a role whose privileges the run's user lacks (made or
+//     restored by hand as another user) is left pending, and neither counts
+//     against CompactPerRun nor fails the run: every rebuild of it would
+//     fail, and, newest first, it would take the run's turn every day while
+//     the older months waited.
 //   - Runs hold the advisory lock, so two rebuilds never race, and a rebuild
 //     never meets the manager's own DETACH ... CONCURRENTLY (which conflicts
 //     with it).
@@ -94,6 +99,11 @@ type pkIndex struct {
 	comment   string
 	hasRows   bool
 	building  bool // an index build runs on the partition now
+	// owner is the partition's owner; owned says whether this session's
+	// user has its privileges (is it, inherits from it, or is a
+	// superuser), which ALTER INDEX, REINDEX and COMMENT ON INDEX need.
+	owner string
+	owned bool
 }
 
 // pkSQL lists the valid primary-key index of every attached partition in the
@@ -109,7 +119,8 @@ SELECT c.relname, pk.relname, coalesce(obj_description(pk.oid, 'pg_class'), ''),
        EXISTS (SELECT FROM pg_stat_progress_create_index p WHERE p.relid = c.oid)
        OR EXISTS (SELECT FROM pg_locks l
                    WHERE l.locktype = 'relation' AND l.relation = c.oid AND l.granted
-                     AND l.mode = 'ShareUpdateExclusiveLock' AND l.pid <> pg_backend_pid())
+                     AND l.mode = 'ShareUpdateExclusiveLock' AND l.pid <> pg_backend_pid()),
+       c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE')
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid
   JOIN pg_index x ON x.indrelid = c.oid AND x.indisprimary AND x.indisvalid
@@ -161,7 +172,7 @@ func listPKs(ctx context.Context, conn *pgx.Conn, tbl table) (map[string]pkIndex
 	}
 	pks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pkIndex, error) {
 		var p pkIndex
-		return p, r.Scan(&p.partition, &p.index, &p.comment, &p.hasRows, &p.building)
+		return p, r.Scan(&p.partition, &p.index, &p.comment, &p.hasRows, &p.building, &p.owner, &p.owned)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list primary keys: %w", err)
@@ -294,6 +305,13 @@ func (m *Manager) compaction(ctx context.Context, conn *pgx.Conn, tbl table, par
 			continue
 		case pk.building:
 			pending("another session holds it now (an index build, or a vacuum)")
+			continue
+		case !pk.owned:
+			// Not counted against CompactPerRun, nor a failure: a month
+			// that every run would fail to rebuild would otherwise take
+			// the run's turn each day, and the older months would wait
+			// forever behind it.
+			pending("it is owned by %s, whose privileges this run's user does not have: give it back to the archive's owner role (ALTER TABLE ... OWNER TO), or rebuild it by hand as %s", pk.owner, pk.owner)
 			continue
 		case timedOut && had >= budget:
 			pending("an earlier rebuild timed out after %s and this run has %s: rebuild it by hand or with a longer PARTITION_STATEMENT_TIMEOUT", had, budget)
