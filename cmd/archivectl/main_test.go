@@ -463,6 +463,12 @@ func TestASweepKilledWithSIGKILLLosesNothing(t *testing.T) {
 		}
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 		_ = cmd.Wait()
+		// The backend outlives its client: a COMMIT the process sent just
+		// before it died still commits. Count once the backend is gone,
+		// or a batch committed between the two counts is in both.
+		require.Eventually(t, func() bool {
+			return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app) == 0
+		}, 30*time.Second, 5*time.Millisecond, "the killed sweep's backend never ended")
 		now := dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys")
 		require.LessOrEqual(t, now, left, "a killed sweep put rows back")
 		left = now
