@@ -2,6 +2,7 @@ package archive_test
 
 import (
 	"context"
+	"encoding/base64"
 	"strings"
 	"testing"
 	"time"
@@ -110,4 +111,48 @@ func TestACursorOfAnotherQueryIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Records, 1)
 	require.Equal(t, "idem:v1t:A:3", page.Records[0].ScopedKey)
+}
+
+// A cursor is about 4/3 of its key, whatever the key holds: one that ends a
+// page on the longest key the archive holds, made of the bytes JSON
+// escapes most, fits in the 10 KB request line API Gateway accepts (the
+// JSON form made it 16 KB for a 2,000-byte key). Cursors issued in the
+// JSON form before still continue their query.
+func TestACursorStaysShortAndOldCursorsStillWork(t *testing.T) {
+	at := time.Date(2026, 11, 10, 10, 0, 0, 123456000, time.UTC)
+	for _, key := range []string{
+		"idem:v1:" + strings.Repeat("<", 2000),
+		"idem:v1:" + strings.Repeat("\x01\x1f", 1348), // 2,704 bytes: btree's limit
+		"idem:v1:" + strings.Repeat("é", 900),
+	} {
+		c := archive.EncodeCursor(key, at)
+		require.LessOrEqual(t, len(c), (len(key)+10)*4/3+2, "cursor of a %d-byte key", len(key))
+		require.Less(t, len("GET /v1/archive/keys?scope_prefix=idem%3Av1%3A&created_from=2026-11-10T00:00:00Z&created_to=2026-11-11T00:00:00Z&cursor="+c+" HTTP/1.1"), 10240)
+		k, e, err := archive.DecodeCursor(c)
+		require.NoError(t, err)
+		require.Equal(t, key, k)
+		require.True(t, e.Equal(at))
+	}
+	// AND the JSON form decodes as before, expiry as microseconds or RFC 3339
+	for _, old := range []string{`{"k":"idem:v1:<a>","u":1794304800123456,"q":"x"}`, `{"k":"idem:v1:<a>","e":"2026-11-10T10:00:00.123456Z"}`} {
+		k, e, err := archive.DecodeCursor(base64.RawURLEncoding.EncodeToString([]byte(old)))
+		require.NoError(t, err, old)
+		require.Equal(t, "idem:v1:<a>", k)
+		require.True(t, e.Equal(at), "%s: %v", old, e)
+	}
+	// AND a binary cursor cut short, with a NUL, or not UTF-8 is refused
+	valid, err := base64.RawURLEncoding.DecodeString(archive.EncodeCursor("idem:v1:k", at))
+	require.NoError(t, err)
+	for name, b := range map[string][]byte{
+		"no key":             valid[:len(valid)-len("idem:v1:k")],
+		"cut in the expiry":  valid[:5],
+		"query past the end": append(append([]byte{}, valid[:9]...), 200, 'x'),
+		"NUL in the key":     append(append([]byte{}, valid...), 0),
+		"not UTF-8":          append(append([]byte{}, valid...), 0xff),
+		"JSON with trailing": []byte(`{"k":"idem:v1:k","u":1}{}`),
+		"unknown version":    append([]byte{0x03}, valid[1:]...),
+	} {
+		_, _, err := archive.DecodeCursor(base64.RawURLEncoding.EncodeToString(b))
+		require.ErrorIs(t, err, archive.ErrInvalidCursor, name)
+	}
 }
