@@ -11,6 +11,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/idemarchive/idemarchive/infra/stack"
+	"github.com/idemarchive/idemarchive/shared/settings"
 )
 
 // DefaultStackName is the stack's name unless the context sets stackName.
@@ -158,7 +159,9 @@ func (c *contextReader) duration(name string) time.Duration {
 	if !ok {
 		return 0
 	}
-	d, err := time.ParseDuration(v)
+	// As the functions read their variables: a nonzero value too small to
+	// be a duration ("0.1ns") is refused, never read as 0.
+	d, err := settings.ParseDuration(v)
 	if err != nil {
 		c.fail(name, err)
 	}

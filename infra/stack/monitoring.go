@@ -356,7 +356,8 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 const (
 	// FreeStorageBytesThreshold pages when the RDS instance has less free
 	// storage. Storage autoscaling grows it once free space is under 10%
-	// for 5 minutes, at most every 6 hours, up to 1000 GB: under 1 GiB
+	// for 5 minutes, at least 6 hours apart (and after the last storage
+	// optimization ended), up to 1000 GB: under 1 GiB
 	// means it could not keep up or reached its maximum.
 	FreeStorageBytesThreshold = 1 << 30
 	// DatabaseBusyPercent: CPU (instance) or ACU (Aurora, of its maximum)
@@ -382,7 +383,7 @@ func databaseAlarms(db *Database, alarm alarmFunc, m *Monitoring) {
 	five := awscdk.Duration_Minutes(jsii.Number(5))
 	if !db.aurora {
 		alarm("db-free-storage", db.Metric("FreeStorageSpace", "Minimum", five), m.Page, &awscloudwatch.CreateAlarmOptions{
-			AlarmDescription: jsii.String("The database instance has under 1 GiB of free storage, and storage autoscaling (at most every 6 hours, up to 1000 GB) has not grown it. " +
+			AlarmDescription: jsii.String("The database instance has under 1 GiB of free storage, and storage autoscaling (up to 1000 GB, at least 6 hours apart and after the last storage optimization) has not grown it. " +
 				"With none left every write stops: the sweep's, and the services' live store where it shares the database. " +
 				"What to do: modify the instance's allocated storage (or its maximum); look for bloat (the live table's dead rows, a stuck replication slot's WAL)."),
 			Threshold:          jsii.Number(FreeStorageBytesThreshold),

@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -224,9 +225,15 @@ func (p Props) validate() error {
 	if p.AuroraMinCapacity > p.AuroraMaxCapacity {
 		return fmt.Errorf("AuroraMinCapacity %.1f is above AuroraMaxCapacity %.1f", p.AuroraMinCapacity, p.AuroraMaxCapacity)
 	}
-	if p.PartitionStatementTimeout > MaxPartitionStatementTimeout {
-		return fmt.Errorf("PartitionStatementTimeout must be at most %s, so that one DDL statement ends with time for the rest of the run before the partitions function's %s limit; got %s",
-			MaxPartitionStatementTimeout, maxFunctionTimeout, p.PartitionStatementTimeout)
+	for name, d := range map[string]time.Duration{"PartitionStatementTimeout": p.PartitionStatementTimeout, "PartitionLockTimeout": p.PartitionLockTimeout} {
+		if d > MaxPartitionStatementTimeout {
+			return fmt.Errorf("%s must be at most %s, so that one DDL statement ends with time for the rest of the run before the partitions function's %s limit; got %s",
+				name, MaxPartitionStatementTimeout, maxFunctionTimeout, d)
+		}
+	}
+	if n := p.envBytes(); n > maxEnvBytes {
+		return fmt.Errorf("the functions' environment would take %d bytes (SweepResourceIDPath %d of them), over the %d Lambda accepts with room for DATABASE_URL",
+			n, len(p.SweepResourceIDPath), maxEnvBytes)
 	}
 	if _, ok := retentionDays[p.LogRetentionDays]; !ok {
 		return fmt.Errorf("LogRetentionDays %d is not a retention CloudWatch Logs offers", p.LogRetentionDays)
@@ -239,8 +246,9 @@ func (p Props) validate() error {
 		return fmt.Errorf("function configuration: %w", err)
 	}
 	// The sweep starts batches only while its deadline is further than the
-	// margin: a margin that eats its timeout leaves a schedule that runs,
-	// moves nothing and never fails.
+	// margin: a margin that eats its timeout leaves a schedule whose runs
+	// start a batch or two, or none (and fail, as a run that could start no
+	// batch while keys wait does).
 	if window := p.sweepTimeout() - fs.Sweep.WithDefaults().DeadlineMargin; window < MinSweepWindow {
 		return fmt.Errorf("the sweep's deadline margin (%s: SweepDeadlineMargin, by default SweepStatementTimeout + 5s) leaves %s of its %s timeout (SweepInterval less a minute) to start batches in, under %s: shorten them or lengthen SweepInterval",
 			fs.Sweep.WithDefaults().DeadlineMargin, window, p.sweepTimeout(), MinSweepWindow)
@@ -255,27 +263,49 @@ const MinSweepWindow = 10 * time.Second
 // maxFunctionTimeout is Lambda's limit.
 const maxFunctionTimeout = 15 * time.Minute
 
-// MaxPartitionStatementTimeout is the longest PartitionStatementTimeout:
-// the partitions function's timeout is the statement timeout plus
-// partitionsSlack, within Lambda's limit.
+// MaxPartitionStatementTimeout is the longest PartitionStatementTimeout and
+// PartitionLockTimeout: the partitions function's timeout is the longer of
+// the two plus partitionsSlack, within Lambda's limit.
 const MaxPartitionStatementTimeout = maxFunctionTimeout - partitionsSlack
+
+// maxEnvBytes is what the shared settings may take of a function's
+// environment: Lambda refuses more than 4 KB of names and values in all,
+// and DATABASE_URL (the proxy's endpoint), the database flags and a
+// function's own variables need the rest.
+const maxEnvBytes = 4096 - 768
+
+// envBytes is the size of the shared settings' names and values.
+func (p Props) envBytes() int {
+	n := 0
+	for k, v := range p.settingsEnv() {
+		n += len(k) + len(v)
+	}
+	return n
+}
 
 // partitionsSlack is what a partitions run has besides its one longest DDL
 // statement: connecting, the other (short) statements, the cleanup that
 // compaction leaves 30 s for, and the summary.
 const partitionsSlack = 2 * time.Minute
 
-// partitionsTimeout is the partitions function's timeout: 5 minutes, or the
-// statement timeout plus partitionsSlack when longer, so that a DDL
-// statement allowed to run its whole timeout is never cut off by Lambda
-// (which would lose the run's summary and metrics, and leave a DETACH
-// CONCURRENTLY for the next run to finish).
+// partitionsTimeout is the partitions function's timeout, in whole seconds
+// (Lambda's unit): 5 minutes, or the longest a DDL statement may run plus
+// partitionsSlack when longer, so that a run whose one DDL statement runs
+// its whole timeout is not cut off by Lambda (which would lose the run's
+// summary and metrics, and leave a DETACH CONCURRENTLY for the next run to
+// finish). The longest is the statement timeout, or the lock timeout when
+// longer: the drop of an interrupted rebuild's index is given the longer
+// of the two. Rebuilds and plain-key pruning are shortened to the run's
+// deadline; creating and detaching months are not, so a run that meets
+// several statements each near its timeout can still outlast it.
 func (p Props) partitionsTimeout() time.Duration {
-	stmt := p.PartitionStatementTimeout
-	if stmt == 0 {
-		stmt = partition.Config{}.WithDefaults().StatementTimeout
+	def := partition.Config{}.WithDefaults()
+	longest := max(cmp.Or(p.PartitionStatementTimeout, def.StatementTimeout), cmp.Or(p.PartitionLockTimeout, def.LockTimeout))
+	d := min(max(5*time.Minute, longest+partitionsSlack), maxFunctionTimeout)
+	if r := d % time.Second; r != 0 {
+		d += time.Second - r
 	}
-	return min(max(5*time.Minute, stmt+partitionsSlack), maxFunctionTimeout)
+	return d
 }
 
 // functionSettings is the configuration the functions read from the
