@@ -997,17 +997,15 @@ func queryID(prefix string, from, to time.Time) string {
 	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:12])
 }
 
-// maxCursorBytes bounds a cursor's bytes: a key of the archive is at most
-// maxArchivedKeyBytes, and the JSON form (of cursors issued before the
-// binary one) writes each of its bytes in at most six ('<' is \u003c), with
-// room for the rest.
-const maxCursorBytes = 6*maxArchivedKeyBytes + 256
-
-// maxArchivedKeyBytes bounds the keys the archive can hold: btree's limit
-// on an index entry, which the archive's primary key (scoped_key,
-// expired_at) must fit in. Other writers' keys may be this long (the
-// sweeper moves keys of up to 2,000 bytes), well past MaxScopedKeyBytes.
-const maxArchivedKeyBytes = 2704
+// maxCursorBytes bounds what decoding a cursor reads. It is not a bound on
+// keys: the archive's schema has none, and btree compresses an index entry
+// before its 2,704-byte limit applies, so a compressible key of another
+// writer (or a hand insert) may be far longer, and the cursor of a page
+// that ends on it must still continue the query. 1 MiB holds the JSON form
+// (six bytes a key byte at most) of a key of over 170 KB; a request
+// carrying a cursor is bounded anyway (6 MB a Lambda payload, 10 KB a
+// request line through API Gateway).
+const maxCursorBytes = 1 << 20
 
 // cursorJSON is a cursor as issued before the binary form: the expiry in
 // microseconds since 1970, PostgreSQL's precision, which holds every year
@@ -1161,7 +1159,10 @@ func decodeCursor(s string) (cursor, error) {
 	}
 	var c cursor
 	if b[0] == cursorBinary {
-		if len(b) < 10 || len(b) < 10+int(b[9]) {
+		// Every binary cursor was issued with its query's id: one without
+		// would continue any query of a prefix its key starts with, the
+		// leniency kept for JSON cursors of releases before query ids.
+		if len(b) < 10 || b[9] == 0 || len(b) < 10+int(b[9]) {
 			return cursor{}, ErrInvalidCursor
 		}
 		c.ExpiredAt = time.UnixMicro(int64(binary.BigEndian.Uint64(b[1:9]))).UTC()

@@ -64,6 +64,12 @@ func DecodeCursor(s string) (key string, expired time.Time, err error) {
 	return c.Key, c.ExpiredAt, err
 }
 
+// EncodeCursor encodes a cursor of some query (a query id of the length
+// queryID gives); EncodeCursorOf names the query id.
 func EncodeCursor(key string, expired time.Time) string {
-	return encodeCursor(cursor{Key: key, ExpiredAt: expired})
+	return EncodeCursorOf(key, expired, "0123456789abcdef")
+}
+
+func EncodeCursorOf(key string, expired time.Time, query string) string {
+	return encodeCursor(cursor{Key: key, ExpiredAt: expired, Query: query})
 }
