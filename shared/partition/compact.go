@@ -134,7 +134,7 @@ SELECT c.relname, pk.relname, coalesce(obj_description(pk.oid, 'pg_class'), ''),
 // where an index is being built now (it may be that REINDEX, still running).
 // $2 limits the list to one partition when it is not empty.
 const leftoverSQL = `
-SELECT c.relname, ix.relname
+SELECT c.relname, ix.relname, c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE')
   FROM pg_partition_tree($1::oid::regclass) t
   JOIN pg_class c ON c.oid = t.relid
   JOIN pg_index x ON x.indrelid = c.oid AND NOT x.indisvalid
@@ -148,7 +148,13 @@ SELECT c.relname, ix.relname
                       AND l.mode = 'ShareUpdateExclusiveLock' AND l.pid <> pg_backend_pid())
  ORDER BY 1, 2`
 
-type leftover struct{ partition, index string }
+// leftover is an invalid index an interrupted rebuild left; owned says
+// whether this session's user has the privileges of owner, the partition's
+// owner, which DROP INDEX needs.
+type leftover struct {
+	partition, index, owner string
+	owned                   bool
+}
 
 func listLeftovers(ctx context.Context, conn *pgx.Conn, tbl table, partition string) ([]leftover, error) {
 	rows, err := conn.Query(ctx, leftoverSQL, tbl.oid, partition)
@@ -157,7 +163,7 @@ func listLeftovers(ctx context.Context, conn *pgx.Conn, tbl table, partition str
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (leftover, error) {
 		var l leftover
-		return l, r.Scan(&l.partition, &l.index)
+		return l, r.Scan(&l.partition, &l.index, &l.owner, &l.owned)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list indexes left by interrupted rebuilds: %w", err)
@@ -260,6 +266,15 @@ func (m *Manager) dropLeftovers(ctx context.Context, conn *pgx.Conn, tbl table, 
 		return append(errs, err)
 	}
 	for _, l := range leftovers {
+		if !l.owned {
+			// Not the run's to drop, and every run would fail trying (as
+			// a rebuild by hand of a month the run cannot compact, when
+			// interrupted, leaves one): reported, as compaction reports
+			// the month.
+			res.Foreign = append(res.Foreign, Foreign{Name: l.partition, Problem: fmt.Sprintf(
+				"an invalid index %s left by an interrupted rebuild, owned by %s, whose privileges this run's user does not have: drop it as %s (DROP INDEX CONCURRENTLY)", l.index, l.owner, l.owner)})
+			continue
+		}
 		res.Statements = append(res.Statements, dropStatement(tbl, l.index))
 		if !dryRun {
 			if err := m.dropIndex(ctx, conn, tbl, l.index, max(m.cfg.LockTimeout, m.cfg.StatementTimeout)); err != nil {

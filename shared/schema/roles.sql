@@ -8,6 +8,8 @@ DO $roles$
 DECLARE
     role_name text;
     part_name text;
+    part_owner text;
+    may_alter boolean;
     func_sig  text;
 BEGIN
     FOREACH role_name IN ARRAY ARRAY['idempotency_owner', 'idempotency_sweeper', 'idempotency_reader', 'idempotency_writer'] LOOP
@@ -34,19 +36,32 @@ BEGIN
     -- EXCLUSIVE lock even when nothing changes, and this runs on every
     -- deploy, beside lookups and sweeps. ALTER TABLE ... OWNER does not
     -- cascade to partitions that already exist, so they are listed too.
-    FOR part_name IN
-        SELECT c.relname
+    -- A partition made or restored by hand as a role whose privileges the
+    -- migrating user lacks (it is no superuser on RDS) cannot be given
+    -- back from here: it is left with a warning, for its owner or a
+    -- superuser to give back (the partitions run names it), rather than
+    -- failing every deploy. The archive's own tables are always given
+    -- back, or the migration fails.
+    FOR part_name, part_owner, may_alter IN
+        SELECT c.relname, c.relowner::regrole::text, NOT part.is_partition OR pg_has_role(c.relowner, 'USAGE')
           FROM pg_class c
           JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+         CROSS JOIN LATERAL (SELECT c.oid IN (SELECT inhrelid FROM pg_inherits
+                                               WHERE inhparent = format('%I.idempotency_key_archive', current_schema())::regclass)
+                             AS is_partition) part
          WHERE c.relowner <> 'idempotency_owner'::regrole
            AND (c.relname IN ('idempotency_keys', 'idempotency_key_archive', 'idempotency_writers',
                               'idempotency_archive_plain_keys', 'idempotency_archive_plain_keys_pending',
                               'idempotency_archive_late_keys_pending', 'idempotency_archive_recorded_partitions')
-                OR c.oid IN (SELECT inhrelid FROM pg_inherits
-                              WHERE inhparent = format('%I.idempotency_key_archive', current_schema())::regclass))
+                OR part.is_partition)
            AND c.relkind IN ('r', 'p')
     LOOP
-        EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', current_schema(), part_name);
+        IF may_alter THEN
+            EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', current_schema(), part_name);
+        ELSE
+            RAISE WARNING 'partition %.% is owned by %, whose privileges % lacks: left as it is; give it back as its owner or a superuser with ALTER TABLE ... OWNER TO idempotency_owner',
+                quote_ident(current_schema()), quote_ident(part_name), part_owner, current_user;
+        END IF;
     END LOOP;
     FOR func_sig IN
         SELECT format('%I.%I(%s)', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid))
