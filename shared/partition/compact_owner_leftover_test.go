@@ -2,10 +2,8 @@ package partition_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
@@ -23,23 +21,7 @@ func TestALeftoverOnAMonthOwnedByAnotherRoleIsReportedNotFailed(t *testing.T) {
 	ctx := context.Background()
 	bloated(t, db, 1_000, sep, oct)
 
-	stranger := "stranger_lo_" + strings.ToLower(db.Schema)
-	_, err := db.Pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{stranger}.Sanitize())
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = db.Pool.Exec(context.Background(), "ALTER TABLE "+pgx.Identifier{partition.Name(oct)}.Sanitize()+" OWNER TO CURRENT_USER")
-		_, _ = db.Pool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{stranger}.Sanitize())
-	})
-	_, err = db.Pool.Exec(ctx, `
-		DO $$DECLARE r record; BEGIN
-		  FOR r IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		            WHERE i.inhparent = 'idempotency_key_archive'::regclass LOOP
-		    EXECUTE format('ALTER TABLE %I OWNER TO idempotency_owner', r.relname);
-		  END LOOP;
-		END$$`)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{partition.Name(oct)}.Sanitize()+" OWNER TO "+pgx.Identifier{stranger}.Sanitize())
-	require.NoError(t, err)
+	stranger := ownedByAStranger(t, db, oct)
 
 	// GIVEN the operator's rebuild by hand of October was interrupted
 	killRebuild(t, db, partition.Name(oct))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -26,23 +27,7 @@ func TestAMonthOwnedByAnotherRoleDoesNotStarveOlderMonths(t *testing.T) {
 
 	// GIVEN every partition owned by the archive's owner role, as the
 	// migration leaves them, except October, owned by a stranger
-	stranger := "stranger_" + strings.ToLower(db.Schema)
-	_, err := db.Pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{stranger}.Sanitize())
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = db.Pool.Exec(context.Background(), "ALTER TABLE "+pgx.Identifier{partition.Name(oct)}.Sanitize()+" OWNER TO CURRENT_USER")
-		_, _ = db.Pool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{stranger}.Sanitize())
-	})
-	_, err = db.Pool.Exec(ctx, `
-		DO $$DECLARE r record; BEGIN
-		  FOR r IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		            WHERE i.inhparent = 'idempotency_key_archive'::regclass LOOP
-		    EXECUTE format('ALTER TABLE %I OWNER TO idempotency_owner', r.relname);
-		  END LOOP;
-		END$$`)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{partition.Name(oct)}.Sanitize()+" OWNER TO "+pgx.Identifier{stranger}.Sanitize())
-	require.NoError(t, err)
+	stranger := ownedByAStranger(t, db, oct)
 
 	// WHEN the partitions run, as the owner role, compacts one month
 	owner := db.NewPool(t, dbtest.AsRole(schema.OwnerRole))
@@ -65,4 +50,30 @@ func TestAMonthOwnedByAnotherRoleDoesNotStarveOlderMonths(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{partition.Name(oct)}, res.Compacted)
 	require.Empty(t, res.CompactPending)
+}
+
+// ownedByAStranger gives every partition to the archive's owner role, as
+// the migration leaves them, except month's, which it gives to a role of
+// its own (made for the test, dropped after it), whose name it returns.
+func ownedByAStranger(t *testing.T, db *dbtest.DB, month time.Time) string {
+	t.Helper()
+	ctx := context.Background()
+	stranger := "stranger_" + strings.ToLower(db.Schema)
+	_, err := db.Pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{stranger}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), "ALTER TABLE "+pgx.Identifier{partition.Name(month)}.Sanitize()+" OWNER TO CURRENT_USER")
+		_, _ = db.Pool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{stranger}.Sanitize())
+	})
+	_, err = db.Pool.Exec(ctx, `
+		DO $$DECLARE r record; BEGIN
+		  FOR r IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		            WHERE i.inhparent = 'idempotency_key_archive'::regclass LOOP
+		    EXECUTE format('ALTER TABLE %I OWNER TO idempotency_owner', r.relname);
+		  END LOOP;
+		END$$`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{partition.Name(month)}.Sanitize()+" OWNER TO "+pgx.Identifier{stranger}.Sanitize())
+	require.NoError(t, err)
+	return stranger
 }
