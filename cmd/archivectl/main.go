@@ -440,6 +440,12 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 		fmt.Fprintf(e.stderr, "archivectl redis-reconcile: %q: %s\n", key, oneLine(err))
 	})
 	if err != nil {
+		// What it did before it stopped (a failover, an interrupt, the
+		// database gone) is done: the summary says how much, the error
+		// why it stopped.
+		if res.Scanned > 0 {
+			_ = e.printJSON(res)
+		}
 		return err
 	}
 	if err := e.printJSON(res); err != nil {
