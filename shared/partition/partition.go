@@ -195,6 +195,11 @@ type Partition struct {
 	// reads (a BC date, a year past 9999): From and To are then unknown, not
 	// unbounded.
 	unreadable bool
+	// owner is the partition's owner; owned says whether the session's
+	// user has its privileges, which DROP TABLE needs (DETACH needs only
+	// the parent's).
+	owner string
+	owned bool
 }
 
 // Foreign explains a partition the manager did not make and does not manage
@@ -767,6 +772,17 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 			if err := mayRetire(p.To, now, retention); err == nil {
 				pl.blocked = append(pl.blocked, Failure{Action: "retire", Partition: p.Name, Error: fmt.Sprintf(
 					"cannot detach concurrently while the DEFAULT partition %s exists: move its rows into monthly partitions and detach it", deflt.Name)})
+				continue
+			}
+		}
+		if !p.owned {
+			// DETACH would succeed (it needs the parent's ownership) and
+			// DROP would not: the month would leave lookups and stay, a
+			// detached table every later run fails to drop. It stays
+			// attached until it is given back.
+			if err := mayRetire(p.To, now, retention); err == nil {
+				pl.blocked = append(pl.blocked, Failure{Action: "retire", Partition: p.Name, Error: fmt.Sprintf(
+					"it is owned by %s, whose privileges this run's user does not have, so it could be detached but not dropped: give it back as its owner or a superuser (ALTER TABLE ... OWNER TO the archive's owner role) and the next run retires it", p.owner)})
 				continue
 			}
 		}
@@ -1382,7 +1398,8 @@ func lookupTable(ctx context.Context, conn *pgx.Conn) (table, error) {
 }
 
 const listSQL = `
-SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending
+SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,
+       c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE')
   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
  WHERE i.inhparent = to_regclass('idempotency_key_archive')
  ORDER BY c.relname`
@@ -1490,7 +1507,7 @@ func list(ctx context.Context, conn *pgx.Conn) ([]Partition, error) {
 		defer rows.Close()
 		for rows.Next() {
 			var p Partition
-			if err := rows.Scan(&p.Name, &p.Bound, &p.DetachPending); err != nil {
+			if err := rows.Scan(&p.Name, &p.Bound, &p.DetachPending, &p.owner, &p.owned); err != nil {
 				return err
 			}
 			// A partition added by hand must not stop the manager from
