@@ -138,6 +138,12 @@ func start(ctx context.Context, rie, bootstrap string, env map[string]string, mi
 		}
 		select {
 		case <-e.exited:
+			if strings.Contains(e.Output.String(), "address already in use") {
+				// Its bind failed: a dial to the address may well have
+				// reached the other process and timed out all the same, on
+				// a loaded machine, before it could say so.
+				return nil, fmt.Errorf("emulator exited while starting on %s (another process listens there):\n%s", rieAddr, e.Output.String())
+			}
 			return nil, fmt.Errorf("emulator exited while starting on %s:\n%s", rieAddr, e.Output.String())
 		case <-ctx.Done():
 			e.Close()

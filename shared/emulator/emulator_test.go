@@ -26,12 +26,15 @@ func TestAnEmulatorThatLostItsPortIsNotStarted(t *testing.T) {
 			path := func(name string) string { return filepath.Join(dir, name) }
 			// A stand-in for aws-lambda-rie: it names its address, and once
 			// the readiness dial has reached the process that took it,
-			// exits as the emulator does when it cannot bind.
+			// exits as the emulator does when it cannot bind. The dial is
+			// marked per port: a mark left by an attempt whose stand-in
+			// was killed before it read it must not end the next one's
+			// before the other process took its port.
 			rie := path("rie")
 			script := `#!/bin/sh
 echo "$2" > "` + path("addr.tmp") + `" && mv "` + path("addr.tmp") + `" "` + path("addr") + `"
-while [ ! -f "` + path("dialed") + `" ]; do sleep 0.01; done
-rm -f "` + path("dialed") + `"
+dialed="` + path("dialed-") + `${2##*:}"
+while [ ! -f "$dialed" ]; do sleep 0.01; done
 echo "listen tcp $2: bind: address already in use" >&2
 exit 1
 `
@@ -62,7 +65,7 @@ exit 1
 						defer l.Close()
 						if c, err := l.Accept(); err == nil {
 							c.Close()
-							_ = os.WriteFile(path("dialed"), nil, 0o644)
+							_ = os.WriteFile(path("dialed-"+port), nil, 0o644)
 						}
 					}()
 				}
