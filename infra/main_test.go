@@ -93,6 +93,17 @@ func TestPropsFromContext(t *testing.T) {
 	_, _, err = propsFromContext(contextOf(map[string]any{"partitionCompactPerRun": "one"}))
 	require.ErrorContains(t, err, "context partitionCompactPerRun")
 
+	// AND the lookup's concurrency: a reservation of 0 is refused (it
+	// would throttle every lookup), as is an explicit 0 provisioned
+	p, _, err = propsFromContext(contextOf(map[string]any{"lookupReservedConcurrency": "10", "lookupProvisionedConcurrency": float64(4)}))
+	require.NoError(t, err)
+	require.Equal(t, new(10), p.LookupReservedConcurrency)
+	require.Equal(t, 4, p.LookupProvisionedConcurrency)
+	for _, name := range []string{"lookupReservedConcurrency", "lookupProvisionedConcurrency"} {
+		_, _, err = propsFromContext(contextOf(map[string]any{name: "0"}))
+		require.ErrorContains(t, err, "context "+name+": must be positive", name)
+	}
+
 	// AND a number that is not finite is refused, naming it (a NaN
 	// baseline made the synth panic in jsii)
 	for name, v := range map[string]any{"archiveBytesPerRowBaseline": "NaN", "apiRateLimit": "Inf", "auroraMaxCapacity": "-Inf", "apiBurstLimit": "nan"} {

@@ -25,12 +25,13 @@ type API struct {
 	// jsii object cannot itself be passed to jsii as a scope).
 	Construct constructs.Construct
 	HTTPAPI   awsapigatewayv2.HttpApi
-	lookup    awslambda.Function
+	lookup    awslambda.IFunction
 }
 
 // NewAPI builds the API, its $default stage with throttling and JSON access
-// logs.
-func NewAPI(scope constructs.Construct, id string, lookup awslambda.Function, p Props) *API {
+// logs, in front of lookup (the function, or its alias with provisioned
+// concurrency).
+func NewAPI(scope constructs.Construct, id string, lookup awslambda.IFunction, p Props) *API {
 	c := constructs.NewConstruct(scope, jsii.String(id))
 	api := awsapigatewayv2.NewHttpApi(c, jsii.String("HttpApi"), &awsapigatewayv2.HttpApiProps{
 		Description:        jsii.String("Idempotency key archive: lookups and investigations (IAM authorized)"),
@@ -86,7 +87,8 @@ var accessLogFormat = map[string]string{
 
 // GrantLookupInvoke lets a service's role call the lookup function directly
 // (lambda:InvokeFunction, as the middleware's Lambda archive client does),
-// without going through the API.
+// without going through the API: the function, or its alias when it has
+// provisioned concurrency.
 func (a *API) GrantLookupInvoke(grantee awsiam.IGrantable) awsiam.Grant {
 	return a.lookup.GrantInvoke(grantee)
 }

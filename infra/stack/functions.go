@@ -22,6 +22,10 @@ type Functions struct {
 	// jsii object cannot itself be passed to jsii as a scope).
 	Construct                          constructs.Construct
 	Sweep, Partitions, Lookup, Migrate awslambda.Function
+	// LookupTarget is what callers invoke: the LookupAlias alias when
+	// Props.LookupProvisionedConcurrency is set (its instances are the
+	// provisioned ones), the lookup function otherwise.
+	LookupTarget awslambda.IFunction
 	// Failures receives the scheduled invocations that failed after their
 	// retries (the functions' on-failure destination) and the schedule
 	// events EventBridge could not deliver (the rules' dead-letter queue).
@@ -40,7 +44,13 @@ type fnSpec struct {
 	// async configures invocations by a schedule: retries and the failure
 	// destination. Nil for functions invoked synchronously.
 	async *awslambda.EventInvokeConfigOptions
+	// reserved is the function's reserved concurrency; nil for none.
+	reserved *int
 }
+
+// LookupAlias is the lookup function's alias that carries its provisioned
+// concurrency (Props.LookupProvisionedConcurrency).
+const LookupAlias = "live"
 
 // NewFunctions builds the functions from <CodeDir>/<name>.zip.
 func NewFunctions(scope constructs.Construct, id string, net *Network, db *Database, p Props) *Functions {
@@ -92,9 +102,22 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 		memory: 512,
 		// A lookup is one point query; 10 s covers a cold start and a
 		// proxy connection wait, and stays below API Gateway's 30 s.
-		timeout: 10 * time.Second,
-		user:    ReaderUser,
+		timeout:  10 * time.Second,
+		user:     ReaderUser,
+		reserved: p.LookupReservedConcurrency,
 	})
+	f.LookupTarget = f.Lookup
+	if n := p.LookupProvisionedConcurrency; n > 0 {
+		// Provisioned concurrency is set on a version (through an alias):
+		// invocations of the function's unqualified name run on
+		// $LATEST, which has none.
+		f.LookupTarget = awslambda.NewAlias(c, jsii.String("LookupLive"), &awslambda.AliasProps{
+			AliasName:                       jsii.String(LookupAlias),
+			Version:                         f.Lookup.CurrentVersion(),
+			ProvisionedConcurrentExecutions: jsii.Number(n),
+			Description:                     jsii.String("Lookup with provisioned concurrency: what the API and the middleware invoke"),
+		})
+	}
 	f.Migrate = newFunction(c, net, db, p, fnSpec{
 		name: "migrate", description: "CloudFormation custom resource: migrates the schema, creates the users and the partitions",
 		memory: 256,
@@ -164,6 +187,9 @@ func newFunction(scope constructs.Construct, net *Network, db *Database, p Props
 		Vpc:            net.Vpc,
 		VpcSubnets:     isolated,
 		SecurityGroups: &[]awsec2.ISecurityGroup{net.Functions},
+	}
+	if s.reserved != nil {
+		props.ReservedConcurrentExecutions = jsii.Number(*s.reserved)
 	}
 	if s.async != nil {
 		props.RetryAttempts = s.async.RetryAttempts

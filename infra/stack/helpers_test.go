@@ -41,6 +41,7 @@ type bundle struct {
 
 type template struct {
 	Resources map[string]resource
+	Outputs   map[string]struct{ Value any }
 }
 
 type resource struct {

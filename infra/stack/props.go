@@ -78,6 +78,19 @@ type Props struct {
 	// function's default (1); zero: compaction off.
 	PartitionCompactPerRun *int
 
+	// LookupReservedConcurrency reserves that many concurrent executions of
+	// the account's for the lookup function (and caps it there), so that
+	// other functions of the account cannot take the lookup's share while a
+	// payment waits on it. Nil: none reserved. At least 1 when set (0 would
+	// throttle every lookup).
+	LookupReservedConcurrency *int
+	// LookupProvisionedConcurrency keeps that many lookup instances
+	// initialized (no cold start on the payment path, billed while
+	// provisioned) on the alias LookupAlias, which the API and the
+	// LookupFunctionName output then name. Default 0: none, no alias. At
+	// most LookupReservedConcurrency when that is set.
+	LookupProvisionedConcurrency int
+
 	// AlarmEmail, when set, is subscribed to the alarm topic the stack
 	// creates (it must confirm the subscription).
 	AlarmEmail string
@@ -230,6 +243,12 @@ func (p Props) validate() error {
 			return fmt.Errorf("%s must be at most %s, so that one DDL statement ends with time for the rest of the run before the partitions function's %s limit; got %s",
 				name, MaxPartitionStatementTimeout, maxFunctionTimeout, d)
 		}
+	}
+	if r := p.LookupReservedConcurrency; r != nil && *r < 1 {
+		return fmt.Errorf("LookupReservedConcurrency must be at least 1 when set, got %d (0 would throttle every lookup; leave it unset to reserve none)", *r)
+	}
+	if n := p.LookupProvisionedConcurrency; n < 0 || (p.LookupReservedConcurrency != nil && n > *p.LookupReservedConcurrency) {
+		return fmt.Errorf("LookupProvisionedConcurrency must be 0 to LookupReservedConcurrency (when set), got %d", n)
 	}
 	if n := p.envBytes(); n > maxEnvBytes {
 		return fmt.Errorf("the functions' environment would take %d bytes (SweepResourceIDPath %d of them), over the %d Lambda accepts with room for DATABASE_URL",

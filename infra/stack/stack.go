@@ -74,7 +74,7 @@ func New(scope constructs.Construct, id string, p Props) (*Stack, error) {
 	}
 	s.Schedules.Sweep.Node().AddDependency(s.Migration.Resource)
 	s.Schedules.Partitions.Node().AddDependency(s.Migration.Resource)
-	s.API = NewAPI(s.Stack, "Api", s.Functions.Lookup, p)
+	s.API = NewAPI(s.Stack, "Api", s.Functions.LookupTarget, p)
 	if s.Monitoring, err = NewMonitoring(s.Stack, "Monitoring", s.Functions, s.API, s.Database, p); err != nil {
 		return nil, err
 	}
@@ -82,8 +82,14 @@ func New(scope constructs.Construct, id string, p Props) (*Stack, error) {
 	awscdk.NewCfnOutput(s.Stack, jsii.String("ApiUrl"), &awscdk.CfnOutputProps{
 		Value: s.API.HTTPAPI.ApiEndpoint(), Description: jsii.String("HTTP API (IAM authorization: sign requests with SigV4)"),
 	})
+	// With provisioned concurrency, the alias-qualified name: an
+	// unqualified invocation runs on $LATEST, which has none.
+	lookupName := s.Functions.Lookup.FunctionName()
+	if p.LookupProvisionedConcurrency > 0 {
+		lookupName = awscdk.Fn_Join(jsii.String(":"), &[]*string{lookupName, jsii.String(LookupAlias)})
+	}
 	awscdk.NewCfnOutput(s.Stack, jsii.String("LookupFunctionName"), &awscdk.CfnOutputProps{
-		Value: s.Functions.Lookup.FunctionName(), Description: jsii.String("For the middleware's Lambda archive client (lambda:InvokeFunction)"),
+		Value: lookupName, Description: jsii.String("For the middleware's Lambda archive client (lambda:InvokeFunction)"),
 	})
 	awscdk.NewCfnOutput(s.Stack, jsii.String("WriterDatabaseUrl"), &awscdk.CfnOutputProps{
 		Value:       jsii.String(s.Database.URL(WriterUser)),
