@@ -25,13 +25,16 @@ type API struct {
 	// jsii object cannot itself be passed to jsii as a scope).
 	Construct constructs.Construct
 	HTTPAPI   awsapigatewayv2.HttpApi
-	lookup    awslambda.IFunction
+	// grantee is what GrantLookupInvoke grants: the lookup function,
+	// whose grant covers its unqualified name and every qualifier (the
+	// alias among them).
+	grantee awslambda.IFunction
 }
 
 // NewAPI builds the API, its $default stage with throttling and JSON access
 // logs, in front of lookup (the function, or its alias with provisioned
 // concurrency).
-func NewAPI(scope constructs.Construct, id string, lookup awslambda.IFunction, p Props) *API {
+func NewAPI(scope constructs.Construct, id string, lookup, function awslambda.IFunction, p Props) *API {
 	c := constructs.NewConstruct(scope, jsii.String(id))
 	api := awsapigatewayv2.NewHttpApi(c, jsii.String("HttpApi"), &awsapigatewayv2.HttpApiProps{
 		Description:        jsii.String("Idempotency key archive: lookups and investigations (IAM authorized)"),
@@ -67,7 +70,7 @@ func NewAPI(scope constructs.Construct, id string, lookup awslambda.IFunction, p
 		DestinationArn: accessLogs.LogGroupArn(),
 		Format:         jsii.String(string(format)),
 	})
-	return &API{Construct: c, HTTPAPI: api, lookup: lookup}
+	return &API{Construct: c, HTTPAPI: api, grantee: function}
 }
 
 // accessLogFormat is one JSON line per request. The caller's IAM identity is
@@ -87,10 +90,12 @@ var accessLogFormat = map[string]string{
 
 // GrantLookupInvoke lets a service's role call the lookup function directly
 // (lambda:InvokeFunction, as the middleware's Lambda archive client does),
-// without going through the API: the function, or its alias when it has
-// provisioned concurrency.
+// without going through the API: the function's unqualified name and every
+// qualifier, so that turning provisioned concurrency on (its alias) or off
+// never denies a caller still configured with the other name during the
+// rollout.
 func (a *API) GrantLookupInvoke(grantee awsiam.IGrantable) awsiam.Grant {
-	return a.lookup.GrantInvoke(grantee)
+	return a.grantee.GrantInvoke(grantee)
 }
 
 // GrantAPIInvoke lets a role call every route of the API

@@ -22,10 +22,13 @@ type Functions struct {
 	// jsii object cannot itself be passed to jsii as a scope).
 	Construct                          constructs.Construct
 	Sweep, Partitions, Lookup, Migrate awslambda.Function
-	// LookupTarget is what callers invoke: the LookupAlias alias when
+	// LookupTarget is what callers invoke: LookupLive when
 	// Props.LookupProvisionedConcurrency is set (its instances are the
 	// provisioned ones), the lookup function otherwise.
 	LookupTarget awslambda.IFunction
+	// LookupLive is the lookup's alias LookupAlias, with its provisioned
+	// concurrency; nil without.
+	LookupLive awslambda.Alias
 	// Failures receives the scheduled invocations that failed after their
 	// retries (the functions' on-failure destination) and the schedule
 	// events EventBridge could not deliver (the rules' dead-letter queue).
@@ -111,12 +114,13 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 		// Provisioned concurrency is set on a version (through an alias):
 		// invocations of the function's unqualified name run on
 		// $LATEST, which has none.
-		f.LookupTarget = awslambda.NewAlias(c, jsii.String("LookupLive"), &awslambda.AliasProps{
+		f.LookupLive = awslambda.NewAlias(c, jsii.String("LookupLive"), &awslambda.AliasProps{
 			AliasName:                       jsii.String(LookupAlias),
 			Version:                         f.Lookup.CurrentVersion(),
 			ProvisionedConcurrentExecutions: jsii.Number(n),
 			Description:                     jsii.String("Lookup with provisioned concurrency: what the API and the middleware invoke"),
 		})
+		f.LookupTarget = f.LookupLive
 	}
 	f.Migrate = newFunction(c, net, db, p, fnSpec{
 		name: "migrate", description: "CloudFormation custom resource: migrates the schema, creates the users and the partitions",

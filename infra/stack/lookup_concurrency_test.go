@@ -58,7 +58,8 @@ func TestLookupConcurrency(t *testing.T) {
 }
 
 // A reservation of 0 (every lookup throttled) or provisioned concurrency
-// beyond the reservation (Lambda refuses it at deploy) is refused at synth.
+// not under the reservation (beyond it Lambda refuses the deploy; as much
+// throttles the unqualified name) is refused at synth.
 func TestLookupConcurrencyIsValidatedAtSynth(t *testing.T) {
 	code := placeholderCode(t)
 	for name, c := range map[string]struct {
@@ -68,9 +69,10 @@ func TestLookupConcurrencyIsValidatedAtSynth(t *testing.T) {
 	}{
 		"nothing reserved":                  {new(0), 0, "LookupReservedConcurrency must be at least 1"},
 		"negative reservation":              {new(-1), 0, "LookupReservedConcurrency must be at least 1"},
-		"provisioned past the reserved":     {new(2), 3, "LookupProvisionedConcurrency must be 0 to LookupReservedConcurrency"},
-		"negative provisioned":              {nil, -1, "LookupProvisionedConcurrency must be 0"},
-		"provisioned as much as reserved":   {new(3), 3, ""},
+		"provisioned past the reserved":     {new(2), 3, "less than LookupReservedConcurrency"},
+		"negative provisioned":              {nil, -1, "LookupProvisionedConcurrency must be 0 or more"},
+		"provisioned as much as reserved":   {new(3), 3, "less than LookupReservedConcurrency"},
+		"provisioned one under reserved":    {new(3), 2, ""},
 		"provisioned without a reservation": {nil, 2, ""},
 	} {
 		p := Props{CodeDir: code, LookupReservedConcurrency: c.reserved, LookupProvisionedConcurrency: c.provisioned}

@@ -346,6 +346,21 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 			EvaluationPeriods:  jsii.Number(1),
 		})
 
+	if fns.LookupLive != nil {
+		// Lookups past the provisioned instances run on new ones, cold:
+		// the wait the provisioned concurrency was bought to spare the
+		// payment path.
+		alarm("lookup-spillover", fns.LookupLive.Metric(jsii.String("ProvisionedConcurrencySpilloverInvocations"),
+			&awscloudwatch.MetricOptions{Period: minutes(5), Statistic: jsii.String("Sum")}), m.Notify,
+			&awscloudwatch.CreateAlarmOptions{
+				AlarmDescription: jsii.String("Lookups ran past the provisioned instances of the lookup's alias, with cold starts. " +
+					"What to do: raise LookupProvisionedConcurrency (and LookupReservedConcurrency, which must stay above it)."),
+				Threshold:          jsii.Number(1),
+				ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+				EvaluationPeriods:  jsii.Number(1),
+			})
+	}
+
 	databaseAlarms(db, alarm, m)
 
 	m.Dashboard = newDashboard(c, fns, p, metric)

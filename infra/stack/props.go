@@ -87,8 +87,10 @@ type Props struct {
 	// LookupProvisionedConcurrency keeps that many lookup instances
 	// initialized (no cold start on the payment path, billed while
 	// provisioned) on the alias LookupAlias, which the API and the
-	// LookupFunctionName output then name. Default 0: none, no alias. At
-	// most LookupReservedConcurrency when that is set.
+	// LookupFunctionName output then name. Default 0: none, no alias. Less
+	// than LookupReservedConcurrency when that is set: as much would
+	// throttle every invocation of the unqualified name, and leave none for
+	// invocations past the provisioned instances.
 	LookupProvisionedConcurrency int
 
 	// AlarmEmail, when set, is subscribed to the alarm topic the stack
@@ -247,8 +249,8 @@ func (p Props) validate() error {
 	if r := p.LookupReservedConcurrency; r != nil && *r < 1 {
 		return fmt.Errorf("LookupReservedConcurrency must be at least 1 when set, got %d (0 would throttle every lookup; leave it unset to reserve none)", *r)
 	}
-	if n := p.LookupProvisionedConcurrency; n < 0 || (p.LookupReservedConcurrency != nil && n > *p.LookupReservedConcurrency) {
-		return fmt.Errorf("LookupProvisionedConcurrency must be 0 to LookupReservedConcurrency (when set), got %d", n)
+	if n := p.LookupProvisionedConcurrency; n < 0 || (p.LookupReservedConcurrency != nil && n >= *p.LookupReservedConcurrency) {
+		return fmt.Errorf("LookupProvisionedConcurrency must be 0 or more, and less than LookupReservedConcurrency when that is set (as much throttles every invocation of the unqualified name and leaves none past the provisioned instances), got %d", n)
 	}
 	if n := p.envBytes(); n > maxEnvBytes {
 		return fmt.Errorf("the functions' environment would take %d bytes (SweepResourceIDPath %d of them), over the %d Lambda accepts with room for DATABASE_URL",

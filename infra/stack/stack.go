@@ -74,7 +74,7 @@ func New(scope constructs.Construct, id string, p Props) (*Stack, error) {
 	}
 	s.Schedules.Sweep.Node().AddDependency(s.Migration.Resource)
 	s.Schedules.Partitions.Node().AddDependency(s.Migration.Resource)
-	s.API = NewAPI(s.Stack, "Api", s.Functions.LookupTarget, p)
+	s.API = NewAPI(s.Stack, "Api", s.Functions.LookupTarget, s.Functions.Lookup, p)
 	if s.Monitoring, err = NewMonitoring(s.Stack, "Monitoring", s.Functions, s.API, s.Database, p); err != nil {
 		return nil, err
 	}
