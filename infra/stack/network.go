@@ -54,13 +54,16 @@ func NewNetwork(scope constructs.Construct, id string, p Props) *Network {
 	})
 	// The S3 endpoint carries one thing: the migration function's answer to
 	// CloudFormation, a PUT to a pre-signed URL in CloudFormation's response
-	// buckets. Its policy allows that and nothing else, so no function can
-	// send data to any other bucket, pre-signed URL or not.
+	// bucket of the stack's region, which AWS names
+	// cloudformation-custom-resource-response-<region without dashes>
+	// (uswest2). Its policy allows that and nothing else, so no function can
+	// send data to any other bucket, pre-signed URL or not: not even to a
+	// bucket someone else named cloudformation-custom-resource-response-x.
 	s3 := vpc.AddGatewayEndpoint(jsii.String("S3"), &awsec2.GatewayVpcEndpointOptions{Service: awsec2.GatewayVpcEndpointAwsService_S3()})
 	s3.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
 		Actions:    jsii.Strings("s3:PutObject"),
-		Resources:  &[]*string{awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":s3:::cloudformation-custom-resource-response-*/*")})},
+		Resources:  &[]*string{cfnResponseObjects()},
 	}))
 	// Rejected connections are the first thing to look at when a function
 	// times out connecting to the proxy.
@@ -91,4 +94,17 @@ func NewNetwork(scope constructs.Construct, id string, p Props) *Network {
 	functions.AddEgressRule(awsec2.Peer_AnyIpv4(), awsec2.Port_Tcp(jsii.Number(443)),
 		jsii.String("HTTPS: the S3 gateway endpoint (CloudFormation responses)"), nil)
 	return &Network{Construct: c, Vpc: vpc, Functions: functions, SecretsManager: secrets}
+}
+
+// cfnResponseObjects is the ARN of every object in CloudFormation's
+// custom-resource response bucket of the stack's partition and region:
+// arn:<partition>:s3:::cloudformation-custom-resource-response-<region without
+// dashes>/*. The region is the deploy's own (AWS::Region), its dashes dropped
+// by CloudFormation, so one template serves every region.
+func cfnResponseObjects() *string {
+	region := awscdk.Fn_Join(jsii.String(""), awscdk.Fn_Split(jsii.String("-"), awscdk.Aws_REGION(), nil))
+	return awscdk.Fn_Join(jsii.String(""), &[]*string{
+		jsii.String("arn:"), awscdk.Aws_PARTITION(),
+		jsii.String(":s3:::cloudformation-custom-resource-response-"), region, jsii.String("/*"),
+	})
 }

@@ -53,7 +53,10 @@ func TestTheFunctionsCannotSendDataOut(t *testing.T) {
 		"VpcEndpointType": "Gateway",
 		"PolicyDocument": map[string]any{"Statement": []any{map[string]any{
 			"Action": "s3:PutObject", "Effect": "Allow", "Principal": map[string]any{"AWS": "*"},
-			"Resource": map[string]any{"Fn::Join": []any{"", []any{"arn:", map[string]any{"Ref": "AWS::Partition"}, ":s3:::cloudformation-custom-resource-response-*/*"}}},
+			"Resource": map[string]any{"Fn::Join": []any{"", []any{
+				"arn:", map[string]any{"Ref": "AWS::Partition"}, ":s3:::cloudformation-custom-resource-response-",
+				map[string]any{"Fn::Join": []any{"", map[string]any{"Fn::Split": []any{"-", map[string]any{"Ref": "AWS::Region"}}}}}, "/*",
+			}}},
 		}}},
 	})
 	for id, sg := range b.ofType("AWS::EC2::SecurityGroup") {
