@@ -959,6 +959,23 @@ type Page struct {
 	Records []Record `json:"records"`
 	// NextCursor continues the query; empty on the last page.
 	NextCursor string `json:"next_cursor,omitempty"`
+
+	query string // the query's queryID, for Cut
+}
+
+// Cut keeps the page's first n records (at least one), and makes its
+// NextCursor continue the query after the last of them: what a smaller
+// limit would have answered. A page that must fit a size (a Lambda answer
+// holds at most 6 MB) is cut instead of failing. Cut does nothing to a page
+// of at most n records, nor to one that did not come from Investigate.
+func (p *Page) Cut(n int) {
+	n = max(n, 1)
+	if len(p.Records) <= n || p.query == "" {
+		return
+	}
+	p.Records = p.Records[:n]
+	last := p.Records[n-1]
+	p.NextCursor = encodeCursor(cursor{Key: last.ScopedKey, ExpiredAt: last.ExpiredAt, Query: p.query})
 }
 
 // querySQL pages through a key range in primary-key order. expired_at is
@@ -1030,6 +1047,13 @@ var (
 // within [q.CreatedFrom, q.CreatedTo).
 func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	page := Page{Records: []Record{}}
+	// The query is checked before anything is read, so that bad input is
+	// refused as such whatever the state of the database (never a 503 that
+	// invites a retry of input that can never succeed).
+	inv, err := r.investigation(q)
+	if err != nil {
+		return page, err
+	}
 	// A writer on record with a TTL longer than MaxLiveTTL (a setting left
 	// behind when a TTL was raised) widens the expiries read, so that its
 	// rows are not silently left out.
@@ -1046,10 +1070,7 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	if err != nil {
 		return page, fmt.Errorf("archive investigation query: %w", err)
 	}
-	args, limit, id, err := r.queryArgs(q, max(r.cfg.MaxLiveTTL, w.maxTTL))
-	if err != nil {
-		return page, err
-	}
+	args := inv.args(max(r.cfg.MaxLiveTTL, w.maxTTL))
 	err = tracing.Span(ctx, "archive.investigate", func(ctx context.Context) error {
 		return r.bounded(ctx, func(b *pgx.Batch) {
 			b.Queue(querySQL, args...).Query(func(rows pgx.Rows) error {
@@ -1071,57 +1092,73 @@ func (r *Reader) Investigate(ctx context.Context, q Query) (Page, error) {
 	if err != nil {
 		return Page{Records: []Record{}}, fmt.Errorf("archive investigation query: %w", queryError(ctx, err))
 	}
+	page.query = inv.id
 	// One row more than the page was read to learn whether another page exists.
-	if len(page.Records) > limit {
-		page.Records = page.Records[:limit]
-		last := page.Records[limit-1]
-		page.NextCursor = encodeCursor(cursor{Key: last.ScopedKey, ExpiredAt: last.ExpiredAt, Query: id})
+	if len(page.Records) > inv.limit {
+		page.Cut(inv.limit)
 	}
 	return page, nil
 }
 
-// queryArgs validates q and returns the arguments of querySQL, for rows that
-// lived up to ttl, the page size, and the query's queryID.
-func (r *Reader) queryArgs(q Query, ttl time.Duration) ([]any, int, string, error) {
+// investigation is a checked Query: the arguments of querySQL but the
+// expiries' upper bound, which depends on the writers' TTLs.
+type investigation struct {
+	prefix, upper string
+	afterKey      string
+	afterExpiry   pgtype.Timestamptz
+	from, to      time.Time
+	limit         int
+	id            string // queryID
+}
+
+// args returns the arguments of querySQL, for rows that lived up to ttl.
+func (inv investigation) args(ttl time.Duration) []any {
+	return []any{
+		inv.prefix, inv.upper, inv.prefix, inv.afterKey, inv.afterExpiry,
+		inv.from, inv.to, inv.to.Add(ttl), inv.limit + 1,
+	}
+}
+
+// investigation validates q, reading nothing.
+func (r *Reader) investigation(q Query) (investigation, error) {
 	if q.ScopePrefix == "" || !utf8.ValidString(q.ScopePrefix) || len(q.ScopePrefix) > MaxScopedKeyBytes || strings.IndexByte(q.ScopePrefix, 0) >= 0 {
-		return nil, 0, "", fmt.Errorf("%w: scope prefix must be non-empty UTF-8 without NUL bytes, of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
+		return investigation{}, fmt.Errorf("%w: scope prefix must be non-empty UTF-8 without NUL bytes, of at most %d bytes", ErrInvalidQuery, MaxScopedKeyBytes)
 	}
 	// PostgreSQL keeps microseconds: both bounds are rounded up to one,
 	// which keeps exactly the times [from, to) holds.
 	from, to := ceilMicrosecond(q.CreatedFrom), ceilMicrosecond(q.CreatedTo)
 	if !from.Before(to) {
-		return nil, 0, "", fmt.Errorf("%w: created_from must be before created_to", ErrInvalidQuery)
+		return investigation{}, fmt.Errorf("%w: created_from must be before created_to", ErrInvalidQuery)
 	}
 	if q.Limit == 0 {
 		q.Limit = 100
 	}
 	if q.Limit < 1 || q.Limit > r.cfg.MaxPageSize {
-		return nil, 0, "", fmt.Errorf("%w: limit must be between 1 and %d", ErrInvalidQuery, r.cfg.MaxPageSize)
+		return investigation{}, fmt.Errorf("%w: limit must be between 1 and %d", ErrInvalidQuery, r.cfg.MaxPageSize)
 	}
 	upper, ok := prefixUpperBound(q.ScopePrefix)
 	if !ok {
-		return nil, 0, "", fmt.Errorf("%w: a scope prefix made only of U+10FFFF has no upper bound", ErrInvalidQuery)
+		return investigation{}, fmt.Errorf("%w: a scope prefix made only of U+10FFFF has no upper bound", ErrInvalidQuery)
 	}
-	id := queryID(q.ScopePrefix, from, to)
-	afterKey := q.ScopePrefix
-	afterExpiry := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	inv := investigation{
+		prefix: q.ScopePrefix, upper: upper, afterKey: q.ScopePrefix,
+		afterExpiry: pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true},
+		from:        from, to: to, limit: q.Limit, id: queryID(q.ScopePrefix, from, to),
+	}
 	if q.Cursor != "" {
 		c, err := decodeCursor(q.Cursor)
 		if err != nil {
-			return nil, 0, "", err
+			return investigation{}, err
 		}
-		if (c.Query != "" && c.Query != id) || !strings.HasPrefix(c.Key, q.ScopePrefix) {
+		if (c.Query != "" && c.Query != inv.id) || !strings.HasPrefix(c.Key, q.ScopePrefix) {
 			// Read under another prefix or window it would answer a page
 			// without the rows before its key, or an empty one, as if
 			// the scope held nothing more.
-			return nil, 0, "", fmt.Errorf("%w: it continues a query of another scope prefix or window", ErrInvalidCursor)
+			return investigation{}, fmt.Errorf("%w: it continues a query of another scope prefix or window", ErrInvalidCursor)
 		}
-		afterKey, afterExpiry = c.Key, pgtype.Timestamptz{Time: c.ExpiredAt, Valid: true}
+		inv.afterKey, inv.afterExpiry = c.Key, pgtype.Timestamptz{Time: c.ExpiredAt, Valid: true}
 	}
-	return []any{
-		q.ScopePrefix, upper, q.ScopePrefix, afterKey, afterExpiry,
-		from, to, to.Add(ttl), q.Limit + 1,
-	}, q.Limit, id, nil
+	return inv, nil
 }
 
 // ceilMicrosecond rounds t up to a whole microsecond.

@@ -51,11 +51,11 @@ func ExpiryRange(r *Reader, key string) []any {
 }
 
 func QueryArgs(r *Reader, q Query) []any {
-	args, _, _, err := r.queryArgs(q, r.cfg.MaxLiveTTL)
+	inv, err := r.investigation(q)
 	if err != nil {
 		panic(err)
 	}
-	return args
+	return inv.args(r.cfg.MaxLiveTTL)
 }
 
 // DecodeCursor and EncodeCursor are exported for the cursor fuzz test.

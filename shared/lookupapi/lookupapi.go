@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -214,7 +215,44 @@ func (a *API) investigate(ctx context.Context, q map[string]string) (archive.Pag
 			return archive.Page{}, badRequest("limit must be a positive whole number")
 		}
 	}
-	return a.reader.Investigate(ctx, query)
+	page, err := a.reader.Investigate(ctx, query)
+	if err != nil {
+		return page, err
+	}
+	return page, fitPage(&page)
+}
+
+// MaxPageBytes bounds an investigation page's JSON. Lambda returns at most
+// 6 MB from a synchronous invocation, and an answer over it reaches the
+// caller as a function error (a 5xx through API Gateway) every time the
+// query is asked. A page's JSON is at most doubled once it is the body
+// string of an API Gateway answer (only '"' and '\' are escaped again, to
+// two bytes each), so a page of at most MaxPageBytes answers within the
+// limit in every event shape. Pages are bounded in rows, but a row is not
+// bounded in bytes the same way: keys of up to 2,000 bytes, which JSON may
+// write in six bytes each ('<' is \u003c).
+const MaxPageBytes = 3_000_000
+
+// fitPage cuts page until its JSON is at most MaxPageBytes, keeping at least
+// one record: the client reads the rest through NextCursor, as if it had
+// asked for a smaller limit.
+func fitPage(page *archive.Page) error {
+	for {
+		body, err := json.Marshal(page)
+		if err != nil {
+			return fmt.Errorf("encode investigation page: %w", err)
+		}
+		n := len(page.Records)
+		if len(body) <= MaxPageBytes || n <= 1 {
+			return nil
+		}
+		// Records are about the same size: cut to the share that fits,
+		// then measure again.
+		page.Cut(min(max(n*MaxPageBytes/len(body), 1), n-1))
+		if len(page.Records) == n {
+			return nil // not a page Cut can continue (no cursor to give)
+		}
+	}
 }
 
 func parseTime(name, v string) (time.Time, error) {
