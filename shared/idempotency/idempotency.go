@@ -734,10 +734,27 @@ func (m *Middleware) lookupOrRelease(ctx context.Context, scoped string, fp, tok
 }
 
 func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (archive.Record, error) {
+	// Whether the request's own deadline, not ArchiveTimeout, bounds the
+	// lookup. A Reader ends a query that nears the context's deadline with
+	// a statement timeout of its own, answered as archive.ErrTimeout while
+	// the request's context is still live: when the request's deadline set
+	// that timeout, the lookup ran out of the request's time, not the
+	// archive's, and must be answered as such (never failed open).
+	dl, ok := ctx.Deadline()
+	requestBound := ok && time.Until(dl) < m.cfg.ArchiveTimeout
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
 	defer cancel()
-	return m.cfg.Archive.Lookup(ctx, scoped, fp)
+	rec, err := m.cfg.Archive.Lookup(ctx, scoped, fp)
+	if requestBound && errors.Is(err, archive.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (the request's deadline bounded the archive lookup): %w", context.DeadlineExceeded, err)
+	}
+	return rec, err
 }
+
+// sweptClockAllowance is how far this process's clock may trail the
+// database's before a row a sweeper archived (its expiry past by the
+// database clock) could look unexpired here.
+const sweptClockAllowance = time.Minute
 
 // archived answers a key the archive holds.
 func (m *Middleware) archived(w http.ResponseWriter, r *http.Request, rec archive.Record) {
@@ -745,11 +762,18 @@ func (m *Middleware) archived(w http.ResponseWriter, r *http.Request, rec archiv
 		m.problem(w, r, http.StatusUnprocessableEntity, "idempotency_key_reused", "this key was used, before its window ended, for a different request", nil)
 		return
 	}
-	if m.archivesAtCompletion && m.cfg.Now().Before(rec.ExpiredAt) {
-		// Archived at completion and still inside its window: the live
-		// entry was lost, not expired. Say so. (A swept row's expiry is
-		// past by the database clock; the app clock may lag, so only
-		// completion-archiving stores take this path.)
+	// Archived while still inside its window: the live entry was lost, not
+	// expired. Say so. A swept row's expiry is past by the database clock,
+	// which this clock may trail: a store that only sweeps takes an expiry
+	// as ahead only beyond sweptClockAllowance (or ClockSkew if larger),
+	// where the row can only have been archived at completion by another
+	// writer sharing the archive (a Redis store). Either answer is a 409
+	// that does not run the request again; only its wording differs.
+	ahead := m.cfg.Now()
+	if !m.archivesAtCompletion {
+		ahead = ahead.Add(max(m.cfg.ClockSkew, sweptClockAllowance))
+	}
+	if ahead.Before(rec.ExpiredAt) {
 		m.responseLost(w, r, rec)
 		return
 	}
@@ -797,7 +821,17 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 		status := e.Status
 		if e.State == InFlight {
 			status = archive.InFlightStatus
-			if rec, ok := m.archivedOutcome(r.Context(), scoped, fp); ok {
+			rec, ok, err := m.archivedOutcome(r.Context(), scoped, fp)
+			if err != nil {
+				// The archive may hold the outcome of a request that
+				// completed: "never completed" could be taken for
+				// "never ran", and the operation run again under a new
+				// key. Whatever OnArchiveError says, nothing runs here.
+				m.cfg.Logger.ErrorContext(r.Context(), "idempotency: archive unavailable for a key that expired in flight", "error", err)
+				m.archiveUnavailable(w, r)
+				return
+			}
+			if ok {
 				// The request completed but its store could not record it
 				// (a Redis store archives first, then marks the hash): the
 				// archive has the outcome.
@@ -827,19 +861,25 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 }
 
 // archivedOutcome returns the archive's completed row for a key whose live
-// entry expired in flight, when the archive can say so.
-func (m *Middleware) archivedOutcome(ctx context.Context, scoped string, fp []byte) (archive.Record, bool) {
+// entry expired in flight, when the archive holds one, and an error when
+// the archive could not be read.
+func (m *Middleware) archivedOutcome(ctx context.Context, scoped string, fp []byte) (archive.Record, bool, error) {
 	// Only a store that archives at completion can have written the
 	// outcome there while its live entry stayed in flight: a swept store's
 	// live row has no archive row yet, and the lookup would only cost time.
 	if m.cfg.Archive == nil || !m.archivesAtCompletion {
-		return archive.Record{}, false
+		return archive.Record{}, false, nil
 	}
 	rec, err := m.lookup(ctx, scoped, fp)
-	if err != nil || rec.InFlight() || (rec.FingerprintMatch != nil && !*rec.FingerprintMatch) {
-		return archive.Record{}, false
+	switch {
+	case errors.Is(err, archive.ErrNotFound):
+		return archive.Record{}, false, nil
+	case err != nil:
+		return archive.Record{}, false, err
+	case rec.InFlight() || (rec.FingerprintMatch != nil && !*rec.FingerprintMatch):
+		return archive.Record{}, false, nil
 	}
-	return rec, true
+	return rec, true, nil
 }
 
 func (m *Middleware) retryAfter(w http.ResponseWriter) {
