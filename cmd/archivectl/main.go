@@ -397,7 +397,7 @@ func cmdLookup(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 	}
 	rec, err := r.Lookup(ctx, pos[0], fp)
 	if errors.Is(err, archive.ErrNotFound) {
-		fmt.Fprintf(e.stderr, "archivectl lookup: %q is not in the archive\n", pos[0])
+		fmt.Fprintf(e.stderr, "archivectl lookup: %s is not in the archive\n", redactURLs(fmt.Sprintf("%q", pos[0])))
 		return errNo
 	}
 	if err != nil {
@@ -574,12 +574,14 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 	return pos, nil
 }
 
-// userInfo matches the user and password of a URL (scheme://user:pass@,
-// up to the last @ before a space: a password may hold an unescaped / or @),
-// and password matches the password of a key=value connection string.
+// userInfo matches the user and password of a URL (scheme://user:pass@, up
+// to the line's last @: a password pasted unescaped may hold a space, a /
+// or an @), and password matches the password of a key=value connection
+// string as libpq reads one (spaces allowed around '=', a value quoted in
+// single quotes may hold spaces; an unterminated quote runs to the end).
 var (
-	userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)\S*@`)
-	password = regexp.MustCompile(`(password=)\S+`)
+	userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
+	password = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'?|\S+)`)
 )
 
 // redactURLs hides the user and password of any connection string in an
