@@ -23,8 +23,11 @@ import (
 	"log/slog"
 	"regexp"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemarchive/idemarchive/shared/database"
@@ -113,22 +116,37 @@ func (u Users) Validate() error {
 
 // Run migrates, creates the users and their grants, and runs the partition
 // manager, in that order, stopping at the first failure. Safe to run again
-// and concurrently: every step is idempotent and serialized by advisory locks.
-// The connecting user must be allowed to create roles (superuser, or
-// CREATEROLE such as the RDS master user) when Users names any.
+// and concurrently: every step is idempotent, and runs on one schema are
+// serialized by an advisory lock held for the whole run (two copies of one
+// deploy's event at once). The connecting user must be allowed to create
+// roles (superuser, or CREATEROLE such as the RDS master user) when Users
+// names any.
+//
+// The partition run signs in as Users.Owner when it is named: the connecting
+// user is privileged, and the run executes code the owner role may change
+// (its functions, triggers on its tables), which must never run with those
+// privileges. SET ROLE would not contain it (RESET ROLE undoes it). Where the
+// owner user cannot sign in with the pool's configuration and the server has
+// no rds_iam role (a local PostgreSQL with passwords), the run falls back to
+// the connecting user and logs a warning; on RDS it fails instead.
 func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logger, emitter *metrics.Emitter) (Result, error) {
 	res := Result{Users: []User{}}
 	if err := cfg.Users.Validate(); err != nil {
 		return res, err
 	}
-	parts, err := partition.NewManager(pool, cfg.Partitions, emitter)
-	if err != nil {
+	if _, err := partition.NewManager(pool, cfg.Partitions, emitter); err != nil {
 		return res, err
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return res, fmt.Errorf("connect: %w", err)
 	}
+	defer conn.Release()
+	unlock, err := lockRun(ctx, conn)
+	if err != nil {
+		return res, err
+	}
+	defer unlock()
 	res.Schema, err = schema.Migrate(ctx, conn.Conn(), logger)
 	switch {
 	case err == nil:
@@ -144,13 +162,22 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 		if may, err = mayCreateRoles(ctx, conn.Conn()); err == nil {
 			res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, cfg.Previous, may, logger)
 		}
-		conn.Release()
 		if err != nil {
 			return res, err
 		}
 		return res, fmt.Errorf("%w (users provisioned, partitions left as they are)", ahead)
 	}
-	conn.Release()
+	if err != nil {
+		return res, err
+	}
+	runPool, err := partitionPool(ctx, pool, cfg.Users.Owner, slices.ContainsFunc(res.Users, func(u User) bool { return u.IAM }), logger)
+	if err != nil {
+		return res, err
+	}
+	if runPool != pool {
+		defer runPool.Close()
+	}
+	parts, err := partition.NewManager(runPool, cfg.Partitions, emitter)
 	if err != nil {
 		return res, err
 	}
@@ -158,6 +185,94 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 		return res, fmt.Errorf("create partitions: %w", err)
 	}
 	return res, nil
+}
+
+// lockRun takes the session advisory lock that serializes runs on conn's
+// schema, and returns its release. A lock that cannot be released closes
+// the connection, which releases it.
+func lockRun(ctx context.Context, conn *pgxpool.Conn) (func(), error) {
+	// A NULL schema (none on the search_path exists) is reported by the
+	// migration that follows; the lock is then one for all such runs.
+	var current pgtype.Text
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_schema()").Scan(&current); err != nil {
+		return nil, fmt.Errorf("lock the run: %w", err)
+	}
+	key := "idempotency_archive provision " + pgx.Identifier{current.String}.Sanitize()
+	if _, err := conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtextextended($1::pg_catalog.text, 0::pg_catalog.int8))", key); err != nil {
+		return nil, fmt.Errorf("lock the run (another deploy's run holds the lock): %w", err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended($1::pg_catalog.text, 0::pg_catalog.int8))", key); err != nil {
+			_ = conn.Conn().Close(ctx)
+		}
+	}, nil
+}
+
+// ownerSignInAttempts and ownerSignInPause bound the wait for the owner
+// user's first sign-in: on RDS its rds_iam grant and the function's
+// rds-db:connect permission may take a few seconds to apply.
+const ownerSignInAttempts = 4
+
+var ownerSignInPause = 5 * time.Second // a variable for its test
+
+// partitionPool returns a pool of pool's configuration that signs in as
+// owner, or pool itself when owner is empty, or when owner cannot sign in
+// and iam is false (no rds_iam on the server: the user was made without a
+// way to sign in), with a warning. The caller closes a pool it did not pass.
+func partitionPool(ctx context.Context, pool *pgxpool.Pool, owner string, iam bool, logger *slog.Logger) (*pgxpool.Pool, error) {
+	if owner == "" {
+		return pool, nil
+	}
+	cfg := pool.Config() // a copy
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = owner, ""
+	cfg.MinConns = 0
+	var err error
+	for attempt := 1; ; attempt++ {
+		var p *pgxpool.Pool
+		if p, err = signIn(ctx, cfg, owner); err == nil {
+			return p, nil
+		}
+		if !iam || attempt == ownerSignInAttempts || !errors.Is(err, errSignIn) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(ownerSignInPause):
+		}
+	}
+	if iam || !errors.Is(err, errSignIn) {
+		return nil, fmt.Errorf("partition run as %s: %w", owner, err)
+	}
+	logger.WarnContext(ctx, "the partition run signs in as the migrating user: the owner user cannot sign in here, so code the owner role may change runs with the migrating user's privileges",
+		"owner_user", owner, "error", err)
+	return pool, nil
+}
+
+// errSignIn marks a sign-in the server refused, or one as another user
+// (credentials from a secret name their own user).
+var errSignIn = errors.New("cannot sign in as the owner user")
+
+func signIn(ctx context.Context, cfg *pgxpool.Config, user string) (*pgxpool.Pool, error) {
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var who string
+	err = p.QueryRow(ctx, "SELECT session_user").Scan(&who)
+	switch {
+	case err != nil && strings.HasPrefix(database.SQLState(err), "28"):
+		err = fmt.Errorf("%w: %w", errSignIn, err)
+	case err == nil && who != user:
+		err = fmt.Errorf("%w: the pool's credentials sign in as %s", errSignIn, who)
+	}
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
 }
 
 // privilegedSQL looks up a user: whether it exists, may log in, and is
@@ -307,6 +422,11 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 		return out, errors.New("cannot create the functions' database users: the migrating user may not create roles (it needs CREATEROLE, as the RDS master user has)")
 	}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// The migrating user is privileged: nothing the owner role may
+		// create in the archive's schema can match a name here.
+		if err := schema.SafeSearchPath(ctx, tx); err != nil {
+			return err
+		}
 		// Role DDL is cluster-wide and races between concurrent deploys
 		// ("tuple concurrently updated"): serialize it.
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('idempotency_archive users', 0))"); err != nil {

@@ -3,15 +3,27 @@
 --   GRANT idempotency_reader  TO lookup_login;
 --   GRANT idempotency_writer  TO api_login;      -- the Postgres live store
 --   GRANT idempotency_owner   TO ddl_login;      -- migrations and partitions
--- Safe to re-run: every statement is idempotent. Runs in the current schema.
+-- Safe to re-run: every statement is idempotent. Runs in the schema the
+-- setting idemarchive.schema names (ensureRoles sets it), else the current
+-- one, with search_path set to pg_catalog alone for the rest of the
+-- transaction: it runs as the migrating user, and idempotency_owner may
+-- create functions and operators in the archive's schema, where a
+-- better-matching overload (format(text, text)) would run with the migrating
+-- user's privileges. Every name is resolved in pg_catalog, and the archive's
+-- objects are named with their schema.
 DO $roles$
 DECLARE
+    target_schema text := pg_catalog.current_setting('idemarchive.schema', true);
     role_name text;
     part_name text;
     part_owner text;
     may_alter boolean;
     func_sig  text;
 BEGIN
+    IF target_schema IS NULL OR pg_catalog.texteq(target_schema, '') THEN
+        target_schema := pg_catalog.current_schema();
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     FOREACH role_name IN ARRAY ARRAY['idempotency_owner', 'idempotency_sweeper', 'idempotency_reader', 'idempotency_writer'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role_name) THEN
             BEGIN
@@ -31,7 +43,7 @@ BEGIN
     -- table's schema for ALTER ... OWNER TO it (checked for every migrating
     -- user but a superuser: the RDS master user included). Since
     -- PostgreSQL 15 the public schema grants CREATE to no one but its owner.
-    EXECUTE format('GRANT USAGE, CREATE ON SCHEMA %I TO idempotency_owner', current_schema());
+    EXECUTE format('GRANT USAGE, CREATE ON SCHEMA %I TO idempotency_owner', target_schema);
     -- Only where the owner is not right yet: ALTER ... OWNER takes an ACCESS
     -- EXCLUSIVE lock even when nothing changes, and this runs on every
     -- deploy, beside lookups and sweeps. ALTER TABLE ... OWNER does not
@@ -45,9 +57,9 @@ BEGIN
     FOR part_name, part_owner, may_alter IN
         SELECT c.relname, c.relowner::regrole::text, NOT part.is_partition OR pg_has_role(c.relowner, 'USAGE')
           FROM pg_class c
-          JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+          JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = target_schema
          CROSS JOIN LATERAL (SELECT c.oid IN (SELECT inhrelid FROM pg_inherits
-                                               WHERE inhparent = format('%I.idempotency_key_archive', current_schema())::regclass)
+                                               WHERE inhparent = format('%I.idempotency_key_archive', target_schema)::regclass)
                              AS is_partition) part
          WHERE c.relowner <> 'idempotency_owner'::regrole
            AND (c.relname IN ('idempotency_keys', 'idempotency_key_archive', 'idempotency_writers',
@@ -57,16 +69,16 @@ BEGIN
            AND c.relkind IN ('r', 'p')
     LOOP
         IF may_alter THEN
-            EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', current_schema(), part_name);
+            EXECUTE format('ALTER TABLE %I.%I OWNER TO idempotency_owner', target_schema, part_name);
         ELSE
             RAISE WARNING 'partition %.% is owned by %, whose privileges % lacks: left as it is; give it back as its owner or a superuser with ALTER TABLE ... OWNER TO idempotency_owner',
-                quote_ident(current_schema()), quote_ident(part_name), part_owner, current_user;
+                quote_ident(target_schema), quote_ident(part_name), part_owner, current_user;
         END IF;
     END LOOP;
     FOR func_sig IN
         SELECT format('%I.%I(%s)', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid))
           FROM pg_proc p
-          JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = current_schema()
+          JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = target_schema
          WHERE p.proname IN ('idempotency_record_unbounded_writer', 'idempotency_index_plain_keys',
                              'idempotency_key_has_time', 'idempotency_key_hash', 'idempotency_key_prompt_span',
                              'idempotency_key_time_bound', 'idempotency_key_late_bound', 'idempotency_key_time_before',
@@ -79,7 +91,7 @@ BEGIN
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);
     END LOOP;
 
-    EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer', target_schema);
 
     -- The sweeper reads and deletes live rows and inserts archive rows. PostgreSQL
     -- requires UPDATE on at least one column for SELECT ... FOR UPDATE SKIP LOCKED,
@@ -87,35 +99,35 @@ BEGIN
     EXECUTE format('REVOKE ALL ON TABLE %1$I.idempotency_keys, %1$I.idempotency_key_archive, %1$I.idempotency_writers, '
                    '%1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending, '
                    '%1$I.idempotency_archive_late_keys_pending, %1$I.idempotency_archive_recorded_partitions '
-                   'FROM idempotency_sweeper, idempotency_reader, idempotency_writer', current_schema());
-    EXECUTE format('GRANT SELECT, DELETE ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
-    EXECUTE format('GRANT UPDATE (expires_at) ON TABLE %I.idempotency_keys TO idempotency_sweeper', current_schema());
-    EXECUTE format('GRANT INSERT ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
+                   'FROM idempotency_sweeper, idempotency_reader, idempotency_writer', target_schema);
+    EXECUTE format('GRANT SELECT, DELETE ON TABLE %I.idempotency_keys TO idempotency_sweeper', target_schema);
+    EXECUTE format('GRANT UPDATE (expires_at) ON TABLE %I.idempotency_keys TO idempotency_sweeper', target_schema);
+    EXECUTE format('GRANT INSERT ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', target_schema);
     -- INSERT ... ON CONFLICT needs SELECT on the conflict target's columns.
-    EXECUTE format('GRANT SELECT (scoped_key, expired_at) ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', current_schema());
+    EXECUTE format('GRANT SELECT (scoped_key, expired_at) ON TABLE %I.idempotency_key_archive TO idempotency_sweeper', target_schema);
     -- The Redis live store writes archive rows through a pool with this
     -- role, and records itself in idempotency_writers (ttl_ms = 0) first.
-    EXECUTE format('GRANT SELECT, INSERT ON TABLE %I.idempotency_writers TO idempotency_sweeper', current_schema());
-    EXECUTE format('GRANT UPDATE (first_used, used_until) ON TABLE %I.idempotency_writers TO idempotency_sweeper', current_schema());
+    EXECUTE format('GRANT SELECT, INSERT ON TABLE %I.idempotency_writers TO idempotency_sweeper', target_schema);
+    EXECUTE format('GRANT UPDATE (first_used, used_until) ON TABLE %I.idempotency_writers TO idempotency_sweeper', target_schema);
 
     -- Lookups only read the archive, and the writers' skews that bound how
     -- far back a key's rows can lie.
-    EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_key_archive TO idempotency_reader', current_schema());
-    EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_writers TO idempotency_reader', current_schema());
+    EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_key_archive TO idempotency_reader', target_schema);
+    EXECUTE format('GRANT SELECT ON TABLE %I.idempotency_writers TO idempotency_reader', target_schema);
     -- Where the rows of keys without a timestamp, and of keys used long after
     -- their timestamp, are (written only by the archive's trigger, as the
     -- owner).
     EXECUTE format('GRANT SELECT ON TABLE %1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending, '
                    '%1$I.idempotency_archive_late_keys_pending TO idempotency_reader',
-                   current_schema());
+                   target_schema);
 
     -- API services (the Postgres live store) register, complete and release
     -- live keys, and hold leases on their (TTL, skew) in idempotency_writers.
     -- They never delete a writer row, nor change what it bounds: the rows
     -- are the proof the skip rests on. (A lease only ever moves first_used
     -- earlier and used_until later.)
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.idempotency_keys TO idempotency_writer', current_schema());
-    EXECUTE format('GRANT SELECT, INSERT ON TABLE %I.idempotency_writers TO idempotency_writer', current_schema());
-    EXECUTE format('GRANT UPDATE (first_used, used_until) ON TABLE %I.idempotency_writers TO idempotency_writer', current_schema());
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.idempotency_keys TO idempotency_writer', target_schema);
+    EXECUTE format('GRANT SELECT, INSERT ON TABLE %I.idempotency_writers TO idempotency_writer', target_schema);
+    EXECUTE format('GRANT UPDATE (first_used, used_until) ON TABLE %I.idempotency_writers TO idempotency_writer', target_schema);
 END
 $roles$;

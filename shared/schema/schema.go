@@ -23,8 +23,10 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/tern/v2/migrate"
 )
 
@@ -181,13 +183,18 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 	m.OnStart = func(seq int32, name, _, _ string) {
 		logger.InfoContext(ctx, "applying migration", "version", seq, "name", name, "schema", schemaName)
 	}
-	migrateErr := error(nil)
-	if target < 0 {
-		migrateErr = m.Migrate(ctx)
-	} else {
-		migrateErr = m.MigrateTo(ctx, target)
+	restore, err := boundLockWaits(ctx, conn)
+	if err != nil {
+		return res, err
 	}
-	if err := migrateErr; err != nil {
+	defer restore()
+	err = patiently(ctx, func() error {
+		if target < 0 {
+			return m.Migrate(ctx)
+		}
+		return m.MigrateTo(ctx, target)
+	})
+	if err != nil {
 		return res, fmt.Errorf("apply migrations: %w", err)
 	}
 	if res.ToVersion, err = m.GetCurrentVersion(ctx); err != nil {
@@ -198,8 +205,65 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 		// An older version (tests of upgrades): its grants are not these.
 		return res, nil
 	}
-	res.RolesCreated, res.GrantsApplied, err = ensureRoles(ctx, conn, logger)
+	err = patiently(ctx, func() error {
+		res.RolesCreated, res.GrantsApplied, err = ensureRoles(ctx, conn, schemaName, logger)
+		return err
+	})
 	return res, err
+}
+
+// A migration's ALTER TABLE, or the grants' ALTER ... OWNER TO, waits for an
+// ACCESS EXCLUSIVE lock behind any transaction that has read the table (an
+// operator's query, pg_dump), and every live-store registration and sweep
+// would queue behind that wait, failing on its own timeout, for as long as
+// it lasted: and a migrator killed while waiting (archivectl, a closed SSH
+// session) leaves its backend queued until that transaction ends. So every
+// lock wait of a migration is bounded by lockWait, and a migration or the
+// grants that run out of it roll back and try again after lockPause, for
+// up to lockPatience, then fail with a line that says so. Migrations 10, 12
+// and 13 take their locks without waiting at all and try again themselves.
+const (
+	lockWait     = 500 * time.Millisecond
+	lockPause    = 50 * time.Millisecond
+	lockPatience = 2 * time.Minute
+)
+
+// boundLockWaits sets conn's lock_timeout to lockWait, and returns what sets
+// it back.
+func boundLockWaits(ctx context.Context, conn *pgx.Conn) (func(), error) {
+	var previous string
+	err := conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('lock_timeout'), pg_catalog.set_config('lock_timeout', $1, false)",
+		fmt.Sprintf("%dms", lockWait.Milliseconds())).Scan(&previous, new(string))
+	if err != nil {
+		return nil, fmt.Errorf("set lock_timeout: %w", err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, _ = conn.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, false)", previous)
+	}, nil
+}
+
+// patiently runs step again while it fails for a lock wait over
+// lock_timeout, for up to lockPatience.
+func patiently(ctx context.Context, step func() error) error {
+	deadline := time.Now().Add(lockPatience)
+	for {
+		err := step()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("a lock it needs stayed taken for %s (a long transaction on the table? see pg_stat_activity), each wait bounded to %s so that registrations and sweeps do not queue behind it: run migrate again: %w",
+				lockPatience, lockWait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(lockPause):
+		}
+	}
 }
 
 func currentSchema(ctx context.Context, conn *pgx.Conn) (string, error) {
@@ -213,10 +277,29 @@ func currentSchema(ctx context.Context, conn *pgx.Conn) (string, error) {
 	return *name, nil
 }
 
+// safeSearchPathSQL sets search_path to pg_catalog alone (pg_temp searched
+// last, never for functions) until the transaction ends. A privileged user
+// (the RDS master user) that runs SQL with the archive's schema on its
+// search_path would resolve a function, operator or aggregate the owner role
+// created there when it matches better than pg_catalog's (format(text,
+// text) over format(text, VARIADIC "any")): code the owner wrote, run with
+// the privileged user's rights.
+const safeSearchPathSQL = "pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)"
+
+// SafeSearchPath sets search_path to pg_catalog alone for the rest of tx
+// (see safeSearchPathSQL): for a privileged user's statements, which then
+// name the archive's objects with their schema.
+func SafeSearchPath(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, "SELECT "+safeSearchPathSQL); err != nil {
+		return fmt.Errorf("set search_path: %w", err)
+	}
+	return nil
+}
+
 // ensureRoles creates the least-privilege roles and their grants when the
 // connecting user may create roles, and logs why it skipped them otherwise.
 // It returns the roles it created and whether it applied the grants.
-func ensureRoles(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) ([]string, bool, error) {
+func ensureRoles(ctx context.Context, conn *pgx.Conn, schemaName string, logger *slog.Logger) ([]string, bool, error) {
 	created := []string{}
 	var mayCreate bool
 	err := conn.QueryRow(ctx,
@@ -230,6 +313,14 @@ func ensureRoles(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) ([]st
 		return created, false, nil
 	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// The connecting user may be privileged (the RDS master user), and
+		// idempotency_owner may create functions in the archive's schema:
+		// every name of this transaction resolves in pg_catalog alone (see
+		// SafeSearchPath), and roles.sql reads the archive's schema from
+		// idemarchive.schema.
+		if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('idemarchive.schema', $1, true), "+safeSearchPathSQL, schemaName); err != nil {
+			return err
+		}
 		// Role DDL is cluster-wide and races between concurrent migrators
 		// ("tuple concurrently updated"), so serialize it.
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('idempotency_archive roles', 0))"); err != nil {
