@@ -397,7 +397,7 @@ func cmdLookup(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 	}
 	rec, err := r.Lookup(ctx, pos[0], fp)
 	if errors.Is(err, archive.ErrNotFound) {
-		fmt.Fprintf(e.stderr, "archivectl lookup: %s is not in the archive\n", redactURLs(fmt.Sprintf("%q", pos[0])))
+		fmt.Fprintf(e.stderr, "archivectl lookup: not in the archive: %s\n", redactURLs(fmt.Sprintf("%q", pos[0])))
 		return errNo
 	}
 	if err != nil {
@@ -577,11 +577,13 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 // userInfo matches the user and password of a URL (scheme://user:pass@, up
 // to the line's last @: a password pasted unescaped may hold a space, a /
 // or an @), and password matches the password of a key=value connection
-// string as libpq reads one (spaces allowed around '=', a value quoted in
-// single quotes may hold spaces; an unterminated quote runs to the end).
+// string, or of a URL's query, up to the end of the line: libpq allows
+// spaces around '=', quoted values with spaces and backslash escapes,
+// quoted or not, and an echoed value is escaped once more (%q), so no
+// shorter match is sure to end after the password.
 var (
 	userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
-	password = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'?|\S+)`)
+	password = regexp.MustCompile(`(?i)(password\s*=).*`)
 )
 
 // redactURLs hides the user and password of any connection string in an

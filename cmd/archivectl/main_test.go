@@ -263,7 +263,7 @@ func TestFlagLookingKeysAreData(t *testing.T) {
 
 	r = cli(t, db, nil, "lookup", "--", "--help")
 	require.Equal(t, exitNo, r.code, r.stderr)
-	require.Contains(t, r.stderr, `"--help" is not in the archive`)
+	require.Contains(t, r.stderr, `not in the archive: "--help"`)
 
 	from, to := time.Now().Add(-48*time.Hour).UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339)
 	r = cli(t, db, nil, "query", "--scope-prefix", "-h", "--created-from", from, "--created-to", to)
@@ -286,7 +286,7 @@ func TestFlagLookingKeysAreData(t *testing.T) {
 	require.Contains(t, r.stderr, "idempotency_archive_lookup_duration_ms")
 	r = cli(t, db, nil, "lookup", "--", "--emit-metrics")
 	require.Equal(t, exitNo, r.code, r.stderr)
-	require.Contains(t, r.stderr, `"--emit-metrics" is not in the archive`)
+	require.Contains(t, r.stderr, `not in the archive: "--emit-metrics"`)
 	// A bad flag next to a data "-h" is one clear line.
 	r = cli(t, nil, map[string]string{"DATABASE_URL": ""}, "lookup", "--bogus", "--", "-h")
 	requireOneLineError(t, r, "flag provided but not defined: -bogus")

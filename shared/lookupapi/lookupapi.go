@@ -250,7 +250,9 @@ func fitPage(page *archive.Page) error {
 		// then measure again.
 		page.Cut(min(max(n*MaxPageBytes/len(body), 1), n-1))
 		if len(page.Records) == n {
-			return nil // not a page Cut can continue (no cursor to give)
+			// Not a page of archive.Reader's (no cursor to continue it
+			// with): answered whole, Lambda would fail the invocation.
+			return fmt.Errorf("an investigation page of %d bytes cannot be cut (it has no query to continue)", len(body))
 		}
 	}
 }

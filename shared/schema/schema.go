@@ -182,6 +182,10 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 	}
 	m.OnStart = func(seq int32, name, _, _ string) {
 		logger.InfoContext(ctx, "applying migration", "version", seq, "name", name, "schema", schemaName)
+		// tern runs RESET ALL after each migration, which would lift the
+		// bound for the ones after it: set it again for each, inside its
+		// transaction (a failure here fails the migration's SQL after it).
+		_, _ = conn.Exec(ctx, setLockTimeoutSQL, lockTimeout)
 	}
 	restore, err := boundLockWaits(ctx, conn)
 	if err != nil {
@@ -228,12 +232,18 @@ const (
 	lockPatience = 2 * time.Minute
 )
 
+// lockTimeout is lockWait as a lock_timeout setting, and setLockTimeoutSQL
+// sets it for the session.
+var lockTimeout = fmt.Sprintf("%dms", lockWait.Milliseconds())
+
+const setLockTimeoutSQL = "SELECT pg_catalog.set_config('lock_timeout', $1, false)"
+
 // boundLockWaits sets conn's lock_timeout to lockWait, and returns what sets
 // it back.
 func boundLockWaits(ctx context.Context, conn *pgx.Conn) (func(), error) {
 	var previous string
 	err := conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('lock_timeout'), pg_catalog.set_config('lock_timeout', $1, false)",
-		fmt.Sprintf("%dms", lockWait.Milliseconds())).Scan(&previous, new(string))
+		lockTimeout).Scan(&previous, new(string))
 	if err != nil {
 		return nil, fmt.Errorf("set lock_timeout: %w", err)
 	}
@@ -318,7 +328,8 @@ func ensureRoles(ctx context.Context, conn *pgx.Conn, schemaName string, logger 
 		// every name of this transaction resolves in pg_catalog alone (see
 		// SafeSearchPath), and roles.sql reads the archive's schema from
 		// idemarchive.schema.
-		if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('idemarchive.schema', $1, true), "+safeSearchPathSQL, schemaName); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('idemarchive.schema', $1, true), pg_catalog.set_config('lock_timeout', $2, true), "+safeSearchPathSQL,
+			schemaName, lockTimeout); err != nil {
 			return err
 		}
 		// Role DDL is cluster-wide and races between concurrent migrators
