@@ -145,9 +145,10 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 			RetryAttempts: jsii.Number(0), MaxEventAge: awscdk.Duration_Minutes(jsii.Number(serviceTimeoutMinutes)), OnFailure: failed,
 		},
 	})
-	// The deploy's partition run signs in as the partitions function's user:
-	// it runs code that user's role may change (its functions, triggers on
-	// its tables), which must never run as the master user.
+	// The deploy's migrations and partition run sign in as the partitions
+	// function's user: they run code that user's role may change (its
+	// functions, triggers on its tables), which must never run as the
+	// master user.
 	db.GrantConnect(f.Migrate, OwnerUser)
 	return f
 }

@@ -60,7 +60,7 @@ func TestEveryFunctionConnectsThroughTheProxyAsItsOwnUser(t *testing.T) {
 
 		// AND its role may connect as that user only, on the proxy (the
 		// migration as the partitions function's user too: the deploy's
-		// partition run signs in as it, never as the master user)
+		// migrations and partition run sign in as it, never as the master user)
 		want := []string{user}
 		if name == "migrate" {
 			want = append(want, OwnerUser)

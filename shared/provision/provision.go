@@ -122,13 +122,18 @@ func (u Users) Validate() error {
 // roles (superuser, or CREATEROLE such as the RDS master user) when Users
 // names any.
 //
-// The partition run signs in as Users.Owner when it is named: the connecting
-// user is privileged, and the run executes code the owner role may change
-// (its functions, triggers on its tables), which must never run with those
-// privileges. SET ROLE would not contain it (RESET ROLE undoes it). Where the
-// owner user cannot sign in with the pool's configuration and the server has
-// no rds_iam role (a local PostgreSQL with passwords), the run falls back to
-// the connecting user and logs a warning; on RDS it fails instead.
+// The migrations and the partition run sign in as Users.Owner where that
+// user exists: the connecting user is privileged, and both run code the
+// owner role may change (tern's statements resolve names through the
+// archive's schema, migrations and partition runs fire the triggers on the
+// owner's tables and call its functions), which must never run with those
+// privileges. SET ROLE would not contain it (RESET ROLE undoes it). The
+// connecting user applies only the grants and the users, resolving every
+// name in pg_catalog. Where the owner user cannot sign in with the pool's
+// configuration and the server has no rds_iam role (a local PostgreSQL with
+// passwords), both fall back to the connecting user with a warning; on RDS
+// the run fails instead. On the first deploy the owner user does not exist
+// yet, and the migrations run as the connecting user.
 func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logger, emitter *metrics.Emitter) (Result, error) {
 	res := Result{Users: []User{}}
 	if err := cfg.Users.Validate(); err != nil {
@@ -147,10 +152,14 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 		return res, err
 	}
 	defer unlock()
-	res.Schema, err = schema.Migrate(ctx, conn.Conn(), logger)
+
+	res.Schema, err = migrate(ctx, pool, conn, cfg.Users.Owner, logger)
 	switch {
 	case err == nil:
-		res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, cfg.Previous, res.Schema.GrantsApplied, logger)
+		res.Schema.RolesCreated, res.Schema.GrantsApplied, err = schema.EnsureRoles(ctx, conn.Conn(), logger)
+		if err == nil {
+			res.Users, err = ensureUsers(ctx, conn.Conn(), cfg.Users, cfg.Previous, res.Schema.GrantsApplied, logger)
+		}
 	case errors.Is(err, schema.ErrSchemaAhead):
 		// A rollback over a deploy that migrated further: the schema stays
 		// as it is, but the functions run as this deploy's users again, so
@@ -170,9 +179,13 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 	if err != nil {
 		return res, err
 	}
-	runPool, err := partitionPool(ctx, pool, cfg.Users.Owner, slices.ContainsFunc(res.Users, func(u User) bool { return u.IAM }), logger)
+	iam, err := serverHasIAM(ctx, conn)
 	if err != nil {
 		return res, err
+	}
+	runPool, err := ownerPool(ctx, pool, cfg.Users.Owner, iam, logger)
+	if err != nil {
+		return res, fmt.Errorf("partition run: %w", err)
 	}
 	if runPool != pool {
 		defer runPool.Close()
@@ -185,6 +198,99 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 		return res, fmt.Errorf("create partitions: %w", err)
 	}
 	return res, nil
+}
+
+// migrate applies the pending migrations, as the owner user where it exists
+// (see Run), else over conn.
+func migrate(ctx context.Context, pool *pgxpool.Pool, conn *pgxpool.Conn, owner string, logger *slog.Logger) (schema.Result, error) {
+	var member, iam bool
+	if owner != "" {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := schema.SafeSearchPath(ctx, tx); err != nil {
+				return err
+			}
+			// A name an Update moves from another function is no member
+			// yet (ensureUsers grants it next), and a privileged one is
+			// refused by ensureUsers: neither migrates.
+			var exists, canLogin, privileged bool
+			err := tx.QueryRow(ctx, privilegedSQL, owner).Scan(&exists, &canLogin, &privileged)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			if exists && canLogin && !privileged {
+				if err := tx.QueryRow(ctx, "SELECT pg_has_role($1, $2, 'MEMBER')", owner, schema.OwnerRole).Scan(&member); err != nil {
+					return err
+				}
+			}
+			return tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", IAMRole).Scan(&iam)
+		})
+		if err != nil {
+			return schema.Result{}, fmt.Errorf("look up user %s: %w", owner, err)
+		}
+	}
+	if !member {
+		return schema.ApplyMigrations(ctx, conn.Conn(), logger)
+	}
+	migrator, err := ownerPool(ctx, pool, owner, iam, logger)
+	if err != nil {
+		return schema.Result{}, fmt.Errorf("apply migrations: %w", err)
+	}
+	if migrator == pool {
+		return schema.ApplyMigrations(ctx, conn.Conn(), logger)
+	}
+	defer migrator.Close()
+	// tern's version table may still be the migrating user's (made by the
+	// first deploy, before a release whose grants give it to the owner).
+	if err := giveVersionTable(ctx, conn); err != nil {
+		return schema.Result{}, err
+	}
+	mc, err := migrator.Acquire(ctx)
+	if err != nil {
+		return schema.Result{}, fmt.Errorf("apply migrations as %s: %w", owner, err)
+	}
+	defer mc.Release()
+	return schema.ApplyMigrations(ctx, mc.Conn(), logger)
+}
+
+// giveVersionTable gives tern's version table to the owner role where it
+// exists and is another's.
+func giveVersionTable(ctx context.Context, conn *pgxpool.Conn) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var schemaName pgtype.Text
+		if err := tx.QueryRow(ctx, "SELECT pg_catalog.current_schema()").Scan(&schemaName); err != nil {
+			return fmt.Errorf("read current schema: %w", err)
+		}
+		if err := schema.SafeSearchPath(ctx, tx); err != nil {
+			return err
+		}
+		table := pgx.Identifier{schemaName.String, schema.VersionTable}.Sanitize()
+		var other bool
+		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		                                          WHERE n.nspname = $1 AND c.relname = $2 AND c.relowner <> $3::regrole)`,
+			schemaName.String, schema.VersionTable, schema.OwnerRole).Scan(&other)
+		if err != nil || !other {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "ALTER TABLE "+table+" OWNER TO "+pgx.Identifier{schema.OwnerRole}.Sanitize()); err != nil {
+			return fmt.Errorf("give %s to %s: %w", table, schema.OwnerRole, err)
+		}
+		return nil
+	})
+}
+
+// serverHasIAM says whether the server has the rds_iam role (RDS, Aurora).
+func serverHasIAM(ctx context.Context, conn *pgxpool.Conn) (bool, error) {
+	var iam bool
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if err := schema.SafeSearchPath(ctx, tx); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", IAMRole).Scan(&iam)
+	})
+	if err != nil {
+		return false, fmt.Errorf("look for %s: %w", IAMRole, err)
+	}
+	return iam, nil
 }
 
 // lockRun takes the session advisory lock that serializes runs on conn's
@@ -217,17 +323,29 @@ const ownerSignInAttempts = 4
 
 var ownerSignInPause = 5 * time.Second // a variable for its test
 
-// partitionPool returns a pool of pool's configuration that signs in as
-// owner, or pool itself when owner is empty, or when owner cannot sign in
-// and iam is false (no rds_iam on the server: the user was made without a
-// way to sign in), with a warning. The caller closes a pool it did not pass.
-func partitionPool(ctx context.Context, pool *pgxpool.Pool, owner string, iam bool, logger *slog.Logger) (*pgxpool.Pool, error) {
+// ownerPool returns a pool of pool's configuration that signs in as owner
+// and acts as the owner role (SET ROLE, so that what it creates is the
+// role's, not the user's), or pool itself when owner is empty, or when
+// owner cannot sign in and iam is false (no rds_iam on the server: the user
+// was made without a way to sign in), with a warning. The caller closes a
+// pool it did not pass.
+func ownerPool(ctx context.Context, pool *pgxpool.Pool, owner string, iam bool, logger *slog.Logger) (*pgxpool.Pool, error) {
 	if owner == "" {
 		return pool, nil
 	}
 	cfg := pool.Config() // a copy
 	cfg.ConnConfig.User, cfg.ConnConfig.Password = owner, ""
 	cfg.MinConns = 0
+	setup := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if setup != nil {
+			if err := setup(ctx, c); err != nil {
+				return err
+			}
+		}
+		_, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{schema.OwnerRole}.Sanitize())
+		return err
+	}
 	var err error
 	for attempt := 1; ; attempt++ {
 		var p *pgxpool.Pool
@@ -244,9 +362,9 @@ func partitionPool(ctx context.Context, pool *pgxpool.Pool, owner string, iam bo
 		}
 	}
 	if iam || !errors.Is(err, errSignIn) {
-		return nil, fmt.Errorf("partition run as %s: %w", owner, err)
+		return nil, fmt.Errorf("sign in as %s: %w", owner, err)
 	}
-	logger.WarnContext(ctx, "the partition run signs in as the migrating user: the owner user cannot sign in here, so code the owner role may change runs with the migrating user's privileges",
+	logger.WarnContext(ctx, "the migrating user runs the owner role's code: the owner user cannot sign in here, so code the owner role may change runs with the migrating user's privileges",
 		"owner_user", owner, "error", err)
 	return pool, nil
 }

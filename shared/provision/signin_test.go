@@ -14,7 +14,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 )
 
-// The deploy's partition run signs in as the owner user. Where that user
+// The deploy's migrations and partition run sign in as the owner user. Where that user
 // cannot sign in, it falls back to the migrating user, with a warning, only
 // off RDS (no rds_iam: such a user was made without a way to sign in); on
 // RDS the run fails rather than run the owner's code with the migrating
@@ -25,7 +25,7 @@ func TestPartitionPoolSignsInAsTheOwnerUser(t *testing.T) {
 	db := dbtest.New(t)
 	suffix := randomName(t)
 	login, nologin := "owner_login_"+suffix, "owner_nologin_"+suffix
-	for _, stmt := range []string{"CREATE ROLE " + login + " LOGIN", "CREATE ROLE " + nologin + " NOLOGIN"} {
+	for _, stmt := range []string{"CREATE ROLE " + login + " LOGIN IN ROLE idempotency_owner", "CREATE ROLE " + nologin + " NOLOGIN"} {
 		_, err := db.Pool.Exec(ctx, stmt)
 		require.NoError(t, err)
 	}
@@ -37,15 +37,18 @@ func TestPartitionPoolSignsInAsTheOwnerUser(t *testing.T) {
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	sessionUser := func(t *testing.T, iam bool, owner string) (string, error) {
-		p, err := partitionPool(ctx, db.Pool, owner, iam, logger)
+		p, err := ownerPool(ctx, db.Pool, owner, iam, logger)
 		if err != nil {
 			return "", err
 		}
 		if p != db.Pool {
 			defer p.Close()
 		}
-		var who string
-		require.NoError(t, p.QueryRow(ctx, "SELECT session_user").Scan(&who))
+		var who, acting string
+		require.NoError(t, p.QueryRow(ctx, "SELECT session_user, current_user").Scan(&who, &acting))
+		if p != db.Pool {
+			require.Equal(t, "idempotency_owner", acting, "what the owner user creates is the owner role's")
+		}
 		return who, nil
 	}
 	var me string
@@ -63,11 +66,11 @@ func TestPartitionPoolSignsInAsTheOwnerUser(t *testing.T) {
 	who, err = sessionUser(t, false, nologin)
 	require.NoError(t, err)
 	require.Equal(t, me, who, "off RDS, a user that cannot sign in falls back")
-	require.Contains(t, logs.String(), "the partition run signs in as the migrating user")
+	require.Contains(t, logs.String(), "the migrating user runs the owner role's code")
 
-	_, err = partitionPool(ctx, db.Pool, nologin, true, logger)
+	_, err = ownerPool(ctx, db.Pool, nologin, true, logger)
 	require.ErrorIs(t, err, errSignIn, "on RDS the run never falls back to the migrating user")
-	require.ErrorContains(t, err, "partition run as "+nologin)
+	require.ErrorContains(t, err, "sign in as "+nologin)
 }
 
 func randomName(t *testing.T) string {

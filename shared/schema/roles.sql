@@ -53,7 +53,8 @@ BEGIN
     -- back from here: it is left with a warning, for its owner or a
     -- superuser to give back (the partitions run names it), rather than
     -- failing every deploy. The archive's own tables are always given
-    -- back, or the migration fails.
+    -- back, or the migration fails. tern's version table is the owner's
+    -- too: a member of the owner role applies the migrations.
     FOR part_name, part_owner, may_alter IN
         SELECT c.relname, c.relowner::regrole::text, NOT part.is_partition OR pg_has_role(c.relowner, 'USAGE')
           FROM pg_class c
@@ -63,6 +64,7 @@ BEGIN
                              AS is_partition) part
          WHERE c.relowner <> 'idempotency_owner'::regrole
            AND (c.relname IN ('idempotency_keys', 'idempotency_key_archive', 'idempotency_writers',
+                              'idempotency_archive_schema_version',
                               'idempotency_archive_plain_keys', 'idempotency_archive_plain_keys_pending',
                               'idempotency_archive_late_keys_pending', 'idempotency_archive_recorded_partitions')
                 OR part.is_partition)

@@ -129,11 +129,43 @@ func LatestVersion() int32 {
 
 // Migrate applies every pending migration and then (re)applies the role grants.
 // It is safe to call repeatedly and concurrently.
+//
+// Both run as conn's user. The grants need a user that may create roles;
+// migrations run the code of the owner role (tern's own statements resolve
+// names through the schema's search_path, and a migration fires the
+// triggers on the owner's tables and calls its functions), so a privileged
+// user should apply them with ApplyMigrations over a connection of an
+// owner's member, and then call EnsureRoles itself (as provision.Run does).
 func Migrate(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) (Result, error) {
 	return migrateTo(ctx, conn, logger, -1)
 }
 
-// migrateTo migrates to version target, or to the latest when target < 0.
+// ApplyMigrations applies every pending migration, as Migrate does, without
+// the role grants (EnsureRoles).
+func ApplyMigrations(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) (Result, error) {
+	return migrateTo(ctx, conn, logger, -2)
+}
+
+// EnsureRoles (re)applies the role grants to the first schema on conn's
+// search_path, as Migrate does after the migrations, and returns the roles
+// it created and whether it applied the grants (false where conn's user may
+// not create roles). Every name it runs resolves in pg_catalog alone.
+func EnsureRoles(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) ([]string, bool, error) {
+	schemaName, err := currentSchema(ctx, conn)
+	if err != nil {
+		return []string{}, false, err
+	}
+	var created []string
+	var applied bool
+	err = patiently(ctx, func() error {
+		created, applied, err = ensureRoles(ctx, conn, schemaName, logger)
+		return err
+	})
+	return created, applied, err
+}
+
+// migrateTo migrates to version target, or to the latest when target < 0
+// (with the grants when target is -1).
 func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target int32) (Result, error) {
 	res := Result{RolesCreated: []string{}}
 	schemaName, err := currentSchema(ctx, conn)
@@ -205,14 +237,12 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 		return res, fmt.Errorf("read schema version: %w", err)
 	}
 
-	if target >= 0 {
-		// An older version (tests of upgrades): its grants are not these.
+	if target != -1 {
+		// An older version (tests of upgrades), whose grants are not
+		// these, or the migrations alone.
 		return res, nil
 	}
-	err = patiently(ctx, func() error {
-		res.RolesCreated, res.GrantsApplied, err = ensureRoles(ctx, conn, schemaName, logger)
-		return err
-	})
+	res.RolesCreated, res.GrantsApplied, err = EnsureRoles(ctx, conn, logger)
 	return res, err
 }
 
