@@ -66,6 +66,10 @@ var (
 	// ErrTimeout means a query ran out of time: its statement timeout, or
 	// the caller's deadline.
 	ErrTimeout = errors.New("archive: the query ran out of time")
+	// ErrDeadlineBound is joined to ErrTimeout when the context's deadline,
+	// not StatementTimeout, set the statement timeout that ended the query:
+	// the caller's time ran out, not the archive's budget.
+	ErrDeadlineBound = errors.New("archive: the context's deadline bounded the query")
 	// ErrUnavailable means the database could not be reached or was not
 	// taking connections (database.Unavailable): a later try may succeed.
 	ErrUnavailable = errors.New("archive: the database is unavailable")
@@ -476,8 +480,11 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 // before the connection returns to the pool.
 func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
 	timeout := r.cfg.StatementTimeout
+	deadlineBound := false
 	if deadline, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(deadline)-deadlineMargin)
+		if left := time.Until(deadline) - deadlineMargin; left < timeout {
+			timeout, deadlineBound = left, true
+		}
 	}
 	if timeout < time.Millisecond {
 		return context.DeadlineExceeded
@@ -495,7 +502,11 @@ func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
 	b := &pgx.Batch{}
 	b.Queue(boundSQL, strconv.FormatInt(timeout.Milliseconds(), 10)+"ms")
 	queue(b)
-	return r.pool.SendBatch(ctx, b).Close()
+	err := r.pool.SendBatch(ctx, b).Close()
+	if pgErr := (*pgconn.PgError)(nil); deadlineBound && errors.As(err, &pgErr) && pgErr.Code == "57014" {
+		err = fmt.Errorf("%w: %w", ErrDeadlineBound, err)
+	}
+	return err
 }
 
 // boundSQL sets the statement timeout of a batch's queries, and their

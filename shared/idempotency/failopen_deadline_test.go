@@ -39,12 +39,7 @@ func TestFailOpenNeverRunsAKeyWhoseLookupTheRequestDeadlineCut(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pg)
 	insertArchived(t, b, "idem:v1:deadline-key2")
-	pool := b.db.NewPool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		c.MaxConns = 2
-	})
-	reader, err := archive.NewReader(pool, archive.Config{}, nil)
-	require.NoError(t, err)
+	reader := execReader(t, b, archive.Config{})
 	h := &charges{}
 	srv := b.middleware(t, idempotency.Config{OnArchiveError: idempotency.FailOpen, Archive: loggingArchive{t, reader}}).Wrap(h)
 	require.Equal(t, http.StatusCreated, post(srv, "warm-up", `{}`).Code)
@@ -52,21 +47,11 @@ func TestFailOpenNeverRunsAKeyWhoseLookupTheRequestDeadlineCut(t *testing.T) {
 	require.EqualValues(t, 1, h.calls.Load())
 
 	// The archive waits on a lock (partition DDL, an operator's LOCK).
-	ctx := context.Background()
-	tx, err := b.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_archive_plain_keys IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
+	lockArchive(t, b)
 
 	// A retry that has 800 ms left (a client or server timeout), far more
 	// than the Reader's 100 ms margin.
-	rctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
-	defer cancel()
-	r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`)).WithContext(rctx)
-	r.Header.Set(idempotency.HeaderKey, "deadline-key2")
-	w := httptest.NewRecorder()
-	srv.ServeHTTP(w, r)
+	w := postWithin(srv, "deadline-key2", 800*time.Millisecond)
 	require.EqualValues(t, 1, h.calls.Load(), "an archived key ran again under FailOpen after the request's deadline cut its lookup short")
 	require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
 	require.Equal(t, "archive_unavailable", problemOf(t, w)["code"])
@@ -76,11 +61,59 @@ func TestFailOpenNeverRunsAKeyWhoseLookupTheRequestDeadlineCut(t *testing.T) {
 	// archive's own timeout ended the lookup, and FailOpen runs the key as
 	// configured (the store still holds it in flight for this attempt).
 	srv = b.middleware(t, idempotency.Config{OnArchiveError: idempotency.FailOpen, Archive: loggingArchive{t, reader}, ArchiveTimeout: 300 * time.Millisecond}).Wrap(h)
-	rctx2, cancel2 := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel2()
-	r = httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`)).WithContext(rctx2)
-	r.Header.Set(idempotency.HeaderKey, "deadline-key2")
-	w = httptest.NewRecorder()
-	srv.ServeHTTP(w, r)
+	w = postWithin(srv, "deadline-key2", 5*time.Second)
 	require.EqualValues(t, 2, h.calls.Load(), "FailOpen fails open on the archive's own timeout: %d %s", w.Code, w.Body.String())
+}
+
+// The Reader's own StatementTimeout (200 ms, an operator's lookup budget)
+// ends a lookup that waits on a lock, 1.3 s before the request's deadline
+// (1.5 s, under the default ArchiveTimeout of 2 s): the archive ran out of
+// its time, not the request, and FailOpen fails open as configured.
+func TestFailOpenOpensWhenTheReadersOwnTimeoutEndedTheLookup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	reader := execReader(t, b, archive.Config{StatementTimeout: 200 * time.Millisecond})
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{OnArchiveError: idempotency.FailOpen, Archive: loggingArchive{t, reader}}).Wrap(h)
+	require.Equal(t, http.StatusCreated, post(srv, "warm-up", `{}`).Code)
+	require.EqualValues(t, 1, h.calls.Load())
+
+	lockArchive(t, b)
+	w := postWithin(srv, "fresh-key-archive-slow", 1500*time.Millisecond)
+	require.EqualValues(t, 2, h.calls.Load(), "FailOpen did not fail open on the archive's own statement timeout (answered %d %s)", w.Code, w.Body.String())
+}
+
+// execReader is a Reader on a pool of its own in exec mode (the RDS Proxy
+// mode the stack sets: no statement is prepared in a round trip of its own).
+func execReader(t *testing.T, b bundle, cfg archive.Config) *archive.Reader {
+	t.Helper()
+	pool := b.db.NewPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		c.MaxConns = 2
+	})
+	reader, err := archive.NewReader(pool, cfg, nil)
+	require.NoError(t, err)
+	return reader
+}
+
+// lockArchive holds a lock every lookup waits on until the test ends.
+func lockArchive(t *testing.T, b bundle) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_archive_plain_keys IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+}
+
+// postWithin posts key with a request that ends after d.
+func postWithin(srv http.Handler, key string, d time.Duration) *httptest.ResponseRecorder {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`)).WithContext(ctx)
+	r.Header.Set(idempotency.HeaderKey, key)
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, r)
+	return w
 }

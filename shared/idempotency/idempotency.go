@@ -736,16 +736,18 @@ func (m *Middleware) lookupOrRelease(ctx context.Context, scoped string, fp, tok
 func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (archive.Record, error) {
 	// Whether the request's own deadline, not ArchiveTimeout, bounds the
 	// lookup. A Reader ends a query that nears the context's deadline with
-	// a statement timeout of its own, answered as archive.ErrTimeout while
-	// the request's context is still live: when the request's deadline set
-	// that timeout, the lookup ran out of the request's time, not the
-	// archive's, and must be answered as such (never failed open).
+	// a statement timeout of its own, answered as archive.ErrTimeout (with
+	// archive.ErrDeadlineBound) while the request's context is still live:
+	// when the request's deadline set that timeout, the lookup ran out of
+	// the request's time, not the archive's, and must be answered as such
+	// (never failed open). When the Reader's own StatementTimeout, or
+	// ArchiveTimeout, ended it, the archive was slow: OnArchiveError decides.
 	dl, ok := ctx.Deadline()
 	requestBound := ok && time.Until(dl) < m.cfg.ArchiveTimeout
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
 	defer cancel()
 	rec, err := m.cfg.Archive.Lookup(ctx, scoped, fp)
-	if requestBound && errors.Is(err, archive.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+	if requestBound && errors.Is(err, archive.ErrDeadlineBound) && !errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w (the request's deadline bounded the archive lookup): %w", context.DeadlineExceeded, err)
 	}
 	return rec, err
