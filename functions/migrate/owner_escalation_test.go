@@ -6,12 +6,10 @@ import (
 	"testing"
 
 	"github.com/aws/aws-lambda-go/cfn"
-	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/schema"
-	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
 // idempotency_owner owns the schema's functions and has CREATE on the
@@ -115,39 +113,16 @@ func TestOwnerUserCannotEscalateThroughTernsLock(t *testing.T) {
 }
 
 func ownerEscalatesThroughTern(t *testing.T, execMode string) {
-	ctx := context.Background()
 	b, master, owner := deployedAsMaster(t)
-	for _, fn := range []string{"pg_advisory_lock", "pg_advisory_unlock"} {
-		ret, body := "void", "PERFORM pg_catalog."+fn+"(k::pg_catalog.int8);"
-		if fn == "pg_advisory_unlock" {
-			ret, body = "boolean", "RETURN pg_catalog."+fn+"(k::pg_catalog.int8);"
-		}
-		_, err := owner.Exec(ctx, `
-CREATE FUNCTION `+fn+`(k double precision) RETURNS `+ret+`
-    LANGUAGE plpgsql VOLATILE AS $f$
-BEGIN
-    IF current_user NOT IN ('`+b.users.Owner+`', 'idempotency_owner') THEN
-        EXECUTE 'ALTER ROLE `+b.users.Owner+` CREATEROLE';
-    END IF;
-    `+body+`
-END
-$f$`)
-		require.NoError(t, err, "the owner's login user may create functions in the archive's schema")
-	}
-
+	plantTernLock(t, owner, b.users.Owner)
 	// The next deploy (an Update with the same properties), from a fresh
 	// execution environment (a new function version: a cold start, whose
 	// pool has no statement prepared before the attack), with the exec mode
-	// the stack sets: no migration is pending, tern still takes its lock.
-	env, _, _ := testenv.FunctionEnv(t, b.db, map[string]string{"DATABASE_EXEC_MODE": execMode})
-	_, err := lambda.NewHandler(lambdaHandler(env)).Invoke(testenv.Invocation("req-tern-lock"), b.transition(t, nil, nil))
-	require.NoError(t, err)
-	resp := b.cfn.last(t)
+	// given: no migration is pending, tern still takes its lock.
+	resp := redeploy(t, b, b.transition(t, nil, nil), map[string]string{"DATABASE_EXEC_MODE": execMode})
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
-
-	var can bool
-	require.NoError(t, owner.QueryRow(ctx, "SELECT rolcreaterole FROM pg_roles WHERE rolname = $1", b.users.Owner).Scan(&can))
-	require.False(t, can, "the partitions function's user %s gained CREATEROLE: its pg_advisory_lock(double precision) ran as the migrating user %s in tern's lock", b.users.Owner, master)
+	require.False(t, gainedCreateRole(t, owner, b.users.Owner),
+		"the partitions function's user %s gained CREATEROLE: its pg_advisory_lock(double precision) ran as the migrating user %s in tern's lock", b.users.Owner, master)
 }
 
 // The owner's member puts a statement trigger on a table of the owner's

@@ -153,7 +153,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 	}
 	defer unlock()
 
-	res.Schema, err = migrate(ctx, pool, conn, cfg.Users.Owner, logger)
+	res.Schema, err = migrate(ctx, pool, conn, cfg, logger)
 	switch {
 	case err == nil:
 		res.Schema.RolesCreated, res.Schema.GrantsApplied, err = schema.EnsureRoles(ctx, conn.Conn(), logger)
@@ -200,37 +200,45 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 	return res, nil
 }
 
-// migrate applies the pending migrations, as the owner user where it exists
-// (see Run), else over conn.
-func migrate(ctx context.Context, pool *pgxpool.Pool, conn *pgxpool.Conn, owner string, logger *slog.Logger) (schema.Result, error) {
-	var member, iam bool
-	if owner != "" {
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if err := schema.SafeSearchPath(ctx, tx); err != nil {
-				return err
-			}
-			// A name an Update moves from another function is no member
-			// yet (ensureUsers grants it next), and a privileged one is
-			// refused by ensureUsers: neither migrates.
-			var exists, canLogin, privileged bool
-			err := tx.QueryRow(ctx, privilegedSQL, owner).Scan(&exists, &canLogin, &privileged)
-			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-			if exists && canLogin && !privileged {
-				if err := tx.QueryRow(ctx, "SELECT pg_has_role($1, $2, 'MEMBER')", owner, schema.OwnerRole).Scan(&member); err != nil {
-					return err
-				}
-			}
-			return tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", IAMRole).Scan(&iam)
-		})
-		if err != nil {
-			return schema.Result{}, fmt.Errorf("look up user %s: %w", owner, err)
-		}
-	}
-	if !member {
+// migrate applies the pending migrations, as the owner user where it is a
+// member of the owner role (see Run), else over conn.
+//
+// Where the owner role exists but the named user is not yet a usable member
+// of it (an Update that renames OwnerUser or swaps it with another
+// function's, a Create over a database an earlier stack left), the role's
+// members (the previous owner user among them) may have planted code that
+// tern and the migrations would run: the users are provisioned first, so
+// that the name gets its role (and the previous name loses it) and the
+// migrations run as it, and a name ensureUsers refuses (a privileged user)
+// fails the deploy before any migration runs. The migrations run as conn's
+// user only where the owner role may not create objects in the schema yet
+// (the first deploy: no member can have put anything there) or no owner
+// user is named.
+func migrate(ctx context.Context, pool *pgxpool.Pool, conn *pgxpool.Conn, cfg Config, logger *slog.Logger) (schema.Result, error) {
+	owner := cfg.Users.Owner
+	if owner == "" {
 		return schema.ApplyMigrations(ctx, conn.Conn(), logger)
 	}
+	st, err := lookUpOwner(ctx, conn, owner)
+	if err != nil {
+		return schema.Result{}, err
+	}
+	if !st.member && st.inSchema {
+		may, err := mayCreateRoles(ctx, conn.Conn())
+		if err != nil {
+			return schema.Result{}, err
+		}
+		if _, err := ensureUsers(ctx, conn.Conn(), cfg.Users, cfg.Previous, may, logger); err != nil {
+			return schema.Result{}, err
+		}
+		if st, err = lookUpOwner(ctx, conn, owner); err != nil {
+			return schema.Result{}, err
+		}
+	}
+	if !st.member || !st.inSchema {
+		return schema.ApplyMigrations(ctx, conn.Conn(), logger)
+	}
+	iam := st.iam
 	migrator, err := ownerPool(ctx, pool, owner, iam, logger)
 	if err != nil {
 		return schema.Result{}, fmt.Errorf("apply migrations: %w", err)
@@ -250,6 +258,46 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, conn *pgxpool.Conn, owner 
 	}
 	defer mc.Release()
 	return schema.ApplyMigrations(ctx, mc.Conn(), logger)
+}
+
+// ownerState is what migrate needs to know of the owner user.
+type ownerState struct {
+	member bool // a login, unprivileged member of the owner role
+	// inSchema: the owner role exists and may create objects in the
+	// archive's schema (earlier grants), so its members may have.
+	inSchema bool
+	iam      bool // the server has rds_iam
+}
+
+func lookUpOwner(ctx context.Context, conn *pgxpool.Conn, owner string) (ownerState, error) {
+	var st ownerState
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var current pgtype.Text
+		if err := tx.QueryRow(ctx, "SELECT pg_catalog.current_schema()").Scan(&current); err != nil {
+			return err
+		}
+		if err := schema.SafeSearchPath(ctx, tx); err != nil {
+			return err
+		}
+		var exists, canLogin, privileged bool
+		err := tx.QueryRow(ctx, privilegedSQL, owner).Scan(&exists, &canLogin, &privileged)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)
+		                               AND EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $3)
+		                               AND has_schema_privilege($1, $3, 'CREATE'),
+		                               EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $2)`,
+			schema.OwnerRole, IAMRole, current.String).Scan(&st.inSchema, &st.iam)
+		if err != nil || !exists || !canLogin || privileged || !st.inSchema {
+			return err
+		}
+		return tx.QueryRow(ctx, "SELECT pg_has_role($1, $2, 'MEMBER')", owner, schema.OwnerRole).Scan(&st.member)
+	})
+	if err != nil {
+		return st, fmt.Errorf("look up user %s: %w", owner, err)
+	}
+	return st, nil
 }
 
 // giveVersionTable gives tern's version table to the owner role where it
