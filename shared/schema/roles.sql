@@ -39,6 +39,17 @@ BEGIN
     IF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER') THEN
         EXECUTE format('GRANT idempotency_owner TO %I', current_user);
     END IF;
+    -- Since PostgreSQL 16 a role's creator (CREATEROLE, no superuser: the RDS
+    -- master user) is made a member with ADMIN alone, neither INHERIT nor SET,
+    -- and ALTER ... OWNER TO a role needs SET on it: the migrating user grants
+    -- itself both (as the role's admin it may). Not run before 16, which has
+    -- neither option nor the SET privilege type.
+    IF pg_catalog.current_setting('server_version_num')::int >= 160000 THEN
+        IF NOT pg_has_role(current_user, 'idempotency_owner', 'SET')
+           OR NOT pg_has_role(current_user, 'idempotency_owner', 'USAGE') THEN
+            EXECUTE format('GRANT idempotency_owner TO %I WITH INHERIT TRUE, SET TRUE', current_user);
+        END IF;
+    END IF;
     -- The owner creates partitions, and a new owner must have CREATE on the
     -- table's schema for ALTER ... OWNER TO it (checked for every migrating
     -- user but a superuser: the RDS master user included). Since
