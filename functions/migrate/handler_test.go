@@ -163,7 +163,10 @@ func (b bundle) update(t *testing.T, mutate func(map[string]any)) []byte {
 
 func memberOf(t *testing.T, b bundle, user, role string) bool {
 	t.Helper()
-	return count(t, b, "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles u ON u.oid = m.member WHERE r.rolname = $1 AND u.rolname = $2", role, user) == 1
+	// Since PostgreSQL 16 a user may be a member by several grants (a
+	// role's creator holds ADMIN by one, and grants itself INHERIT and SET
+	// by another).
+	return count(t, b, "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles u ON u.oid = m.member WHERE r.rolname = $1 AND u.rolname = $2", role, user) > 0
 }
 
 func TestCreateMigratesCreatesUsersAndPartitions(t *testing.T) {

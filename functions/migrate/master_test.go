@@ -18,8 +18,43 @@ import (
 )
 
 // setupAsMaster is setup with a migrating user like RDS's master user: not a
-// superuser, CREATEROLE, owner of the schema.
+// superuser, CREATEROLE, owner of the schema, and, on PostgreSQL 16 and
+// later, holding what the creator of the group roles holds (see
+// asTheirCreator).
 func setupAsMaster(t *testing.T) (bundle, string) {
+	t.Helper()
+	return setupAsMasterWith(t, asTheirCreator)
+}
+
+// asTheirCreator gives master what a role's creator holds since PostgreSQL 16
+// (ADMIN, neither INHERIT nor SET) on each group role, as the RDS master user
+// holds them after the first deploy created them. The group roles are the
+// test cluster's, created by whichever test came first.
+func asTheirCreator(t *testing.T, admin *pgx.Conn, master string, _ provision.Users) {
+	t.Helper()
+	if serverVersion(t, admin) < 160000 {
+		return // CREATEROLE may grant any role that is no superuser
+	}
+	ctx := context.Background()
+	for _, role := range []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole} {
+		_, err := admin.Exec(ctx, `DO $$ BEGIN CREATE ROLE `+role+` NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`)
+		require.NoError(t, err, role)
+		stmt := "GRANT " + role + " TO " + master + " WITH ADMIN TRUE, INHERIT FALSE, SET FALSE"
+		_, err = admin.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+}
+
+func serverVersion(t *testing.T, conn *pgx.Conn) int {
+	t.Helper()
+	var v int
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&v))
+	return v
+}
+
+// setupAsMasterWith is setupAsMaster with grant giving the master user its
+// memberships, as the test superuser, before the deploy's users are made.
+func setupAsMasterWith(t *testing.T, grant func(t *testing.T, admin *pgx.Conn, master string, users provision.Users)) (bundle, string) {
 	t.Helper()
 	ctx := context.Background()
 	base := dbtest.URL(t)
@@ -34,8 +69,9 @@ func setupAsMaster(t *testing.T) (bundle, string) {
 		_, err = admin.Exec(ctx, stmt)
 		require.NoError(t, err, stmt)
 	}
-	admin.Close(ctx)
 	users := provision.Users{Sweeper: "sweeper_" + suffix, Reader: "reader_" + suffix, Owner: "owner_" + suffix, Writer: "api_" + suffix}
+	grant(t, admin, master, users)
+	admin.Close(ctx)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -122,4 +158,77 @@ func TestADroppedWriterUserKeepsItsRoleUntilAFunctionTakesTheName(t *testing.T) 
 	for _, r := range []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole} {
 		require.Equal(t, r == schema.ReaderRole, memberOf(t, b, b.users.Writer, r), "%s in %s", b.users.Writer, r)
 	}
+}
+
+// Since PostgreSQL 16 CREATEROLE no longer lets a user grant a role it did
+// not create: a master user whose group roles another user made (by hand,
+// another tool) fails the deploy with what to run, and the deploy succeeds
+// once that is run. Before 16, CREATEROLE suffices.
+func TestAMasterUserThatDidNotCreateTheRolesIsToldWhatToGrant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b, me := setupAsMasterWith(t, func(*testing.T, *pgx.Conn, string, provision.Users) {})
+	admin, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	resp := b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	if serverVersion(t, admin) < 160000 {
+		require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+		return
+	}
+	require.Equal(t, cfn.StatusFailed, resp.Status)
+	remedy := "GRANT idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer TO " + me + " WITH ADMIN TRUE, INHERIT FALSE, SET FALSE"
+	require.Contains(t, resp.Reason, remedy)
+	require.EqualValues(t, 0, count(t, b, "SELECT count(*) FROM pg_roles WHERE rolname = $1", b.users.Sweeper), "a failed deploy leaves no user behind")
+
+	// A master user that holds the owner role (granted by hand) but may
+	// grant no role is told the same when it comes to the users.
+	_, err = admin.Exec(ctx, "GRANT idempotency_owner TO "+me)
+	require.NoError(t, err)
+	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusFailed, resp.Status)
+	require.Contains(t, resp.Reason, remedy)
+	require.EqualValues(t, 0, count(t, b, "SELECT count(*) FROM pg_roles WHERE rolname = $1", b.users.Sweeper), "a failed deploy leaves no user behind")
+
+	_, err = admin.Exec(ctx, remedy)
+	require.NoError(t, err)
+	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	for user, role := range userRoles(b.users) {
+		require.True(t, memberOf(t, b, user, role), "%s in %s", user, role)
+	}
+}
+
+// A database upgraded from PostgreSQL 15 to 16 or later: its master user
+// created the roles and users on 15, where a role's creator held nothing,
+// so it holds the owner role by roles.sql's grant and no role's ADMIN
+// OPTION, and the users hold their roles by its grants. Its deploys grant
+// nothing again, and succeed.
+func TestAnUpgradedMasterUserWithoutAdminStillDeploys(t *testing.T) {
+	t.Parallel()
+	b, _ := setupAsMasterWith(t, func(t *testing.T, admin *pgx.Conn, master string, users provision.Users) {
+		stmts := []string{
+			`DO $$ BEGIN CREATE ROLE idempotency_owner NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`,
+			"GRANT idempotency_owner TO " + master,
+		}
+		for user, role := range userRoles(users) {
+			stmts = append(stmts, "CREATE ROLE "+user+" LOGIN", "GRANT "+role+" TO "+user)
+		}
+		for _, stmt := range stmts {
+			_, err := admin.Exec(context.Background(), stmt)
+			require.NoError(t, err, stmt)
+		}
+	})
+	resp := b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	resp = b.invoke(b.transition(t, nil, nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	for user, role := range userRoles(b.users) {
+		require.True(t, memberOf(t, b, user, role), "%s in %s", user, role)
+	}
+}
+
+// userRoles maps each of users to the group role the deploy gives it.
+func userRoles(users provision.Users) map[string]string {
+	return map[string]string{users.Sweeper: schema.SweeperRole, users.Reader: schema.ReaderRole, users.Owner: schema.OwnerRole, users.Writer: schema.WriterRole}
 }

@@ -627,8 +627,8 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 			} else if !canLogin {
 				return fmt.Errorf("user %s exists but may not log in: it is not a user this deploy made; choose another name", u.Name)
 			}
-			if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+ident); err != nil {
-				return fmt.Errorf("grant %s to %s: %w", u.Role, u.Name, err)
+			if err := grantRole(ctx, tx, u); err != nil {
+				return err
 			}
 			strip := revokeOthers
 			if u.Role == schema.WriterRole {
@@ -638,8 +638,14 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 				return err
 			}
 			if iam {
-				if _, err := tx.Exec(ctx, "GRANT "+IAMRole+" TO "+ident); err != nil {
-					return fmt.Errorf("grant %s to %s: %w", IAMRole, u.Name, err)
+				var member bool
+				if err := tx.QueryRow(ctx, "SELECT pg_has_role($1, $2, 'MEMBER')", u.Name, IAMRole).Scan(&member); err != nil {
+					return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+				}
+				if !member {
+					if _, err := tx.Exec(ctx, "GRANT "+IAMRole+" TO "+ident); err != nil {
+						return fmt.Errorf("grant %s to %s: %w", IAMRole, u.Name, err)
+					}
 				}
 				u.IAM = true
 			}
@@ -662,6 +668,45 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 		return nil, err
 	}
 	return out, nil
+}
+
+// holdsRoleSQL says whether user $1 has role $2's privileges, and may SET
+// ROLE to it where $3 (the owner user's pool does, see ownerPool); SET is a
+// privilege type since PostgreSQL 16 only, and any member may before. And
+// who the migrating user is, for the error a refused grant returns.
+const holdsRoleSQL = `
+SELECT pg_has_role($1, $2, 'USAGE')
+       AND (NOT $3 OR current_setting('server_version_num')::int < 160000 OR pg_has_role($1, $2, 'SET')),
+       quote_ident(current_user)`
+
+// grantRole grants u its group role, unless it holds it already.
+//
+// Why skip a grant: since PostgreSQL 16 only a superuser or a holder of the
+// role's ADMIN OPTION may grant it, even again; CREATEROLE no longer
+// suffices. The migrating user holds it on the roles it created (roles.sql,
+// on a first deploy on 16 or later), not on roles created by hand or by
+// another user, nor on roles it created before an upgrade from 15. Users
+// that hold their role already (each deploy's own grants, or an operator's)
+// are left as they are, so such a deploy still succeeds; a user that needs
+// a grant the migrating user may not make fails the deploy with what to run.
+func grantRole(ctx context.Context, tx pgx.Tx, u User) error {
+	var holds bool
+	var me string
+	if err := tx.QueryRow(ctx, holdsRoleSQL, u.Name, u.Role, u.Role == schema.OwnerRole).Scan(&holds, &me); err != nil {
+		return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+	}
+	if holds {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+pgx.Identifier{u.Name}.Sanitize()); err != nil {
+		if database.SQLState(err) != database.CodeInsufficientPrivilege {
+			return fmt.Errorf("grant %s to %s: %w", u.Role, u.Name, err)
+		}
+		return fmt.Errorf("grant %s to %s: the migrating user may not grant that role: since PostgreSQL 16 only a superuser or a holder of a role's ADMIN OPTION may grant it (its creator holds it; CREATEROLE no longer suffices), and the project's roles were created by another user; as a superuser or their creator, give the migrating user what their creator holds: "+
+			"GRANT %s TO %s WITH ADMIN TRUE, INHERIT FALSE, SET FALSE: %w",
+			u.Role, u.Name, strings.Join(projectRoles, ", "), me, err)
+	}
+	return nil
 }
 
 func names(users []User) []string {

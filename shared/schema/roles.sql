@@ -34,21 +34,35 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- The owner runs DDL (partitions). The migrating user becomes a member so it
-    -- keeps the right to attach, detach and drop partitions.
-    IF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER') THEN
-        EXECUTE format('GRANT idempotency_owner TO %I', current_user);
-    END IF;
+    -- The owner runs DDL (partitions). The migrating user becomes a member, with
+    -- the owner's privileges, so it keeps the right to attach, detach and drop
+    -- partitions.
+    --
     -- Since PostgreSQL 16 a role's creator (CREATEROLE, no superuser: the RDS
     -- master user) is made a member with ADMIN alone, neither INHERIT nor SET,
     -- and ALTER ... OWNER TO a role needs SET on it: the migrating user grants
-    -- itself both (as the role's admin it may). Not run before 16, which has
-    -- neither option nor the SET privilege type.
+    -- itself both, as the role's admin. Only a superuser or a holder of a
+    -- role's ADMIN OPTION may grant it since 16 (CREATEROLE no longer
+    -- suffices): a migrating user that did not create the role (it was made
+    -- by hand, by another user) and lacks them is told what to run. One that
+    -- holds them already (granted by hand, or before an upgrade from 15) is
+    -- granted nothing, and needs no ADMIN. Before 16 neither option nor the
+    -- SET privilege type exists, and CREATEROLE may grant any role.
     IF pg_catalog.current_setting('server_version_num')::int >= 160000 THEN
-        IF NOT pg_has_role(current_user, 'idempotency_owner', 'SET')
-           OR NOT pg_has_role(current_user, 'idempotency_owner', 'USAGE') THEN
+        IF NOT pg_has_role(current_user, 'idempotency_owner', 'USAGE')
+           OR NOT pg_has_role(current_user, 'idempotency_owner', 'SET') THEN
+            IF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER WITH ADMIN OPTION') THEN
+                RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = format(
+                    'the migrating user %1$s needs role idempotency_owner and may not grant it: since PostgreSQL 16 only a superuser '
+                    'or a holder of a role''s ADMIN OPTION may grant it (its creator holds it; CREATEROLE no longer suffices), and the '
+                    'project''s roles were created by another user; as a superuser or their creator, give %1$s what their creator holds: '
+                    'GRANT idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer TO %1$s WITH ADMIN TRUE, INHERIT FALSE, SET FALSE',
+                    quote_ident(current_user));
+            END IF;
             EXECUTE format('GRANT idempotency_owner TO %I WITH INHERIT TRUE, SET TRUE', current_user);
         END IF;
+    ELSIF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER') THEN
+        EXECUTE format('GRANT idempotency_owner TO %I', current_user);
     END IF;
     -- The owner creates partitions, and a new owner must have CREATE on the
     -- table's schema for ALTER ... OWNER TO it (checked for every migrating
