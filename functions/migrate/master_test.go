@@ -29,18 +29,34 @@ func setupAsMaster(t *testing.T) (bundle, string) {
 // asTheirCreator gives master what a role's creator holds since PostgreSQL 16
 // (ADMIN, neither INHERIT nor SET) on each group role, as the RDS master user
 // holds them after the first deploy created them. The group roles are the
-// test cluster's, created by whichever test came first.
+// test cluster's (see setupAsMasterWith).
 func asTheirCreator(t *testing.T, admin *pgx.Conn, master string, _ provision.Users) {
 	t.Helper()
 	if serverVersion(t, admin) < 160000 {
 		return // CREATEROLE may grant any role that is no superuser
 	}
-	ctx := context.Background()
-	for _, role := range []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole} {
-		_, err := admin.Exec(ctx, `DO $$ BEGIN CREATE ROLE `+role+` NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`)
-		require.NoError(t, err, role)
+	for _, role := range groupRoles {
 		stmt := "GRANT " + role + " TO " + master + " WITH ADMIN TRUE, INHERIT FALSE, SET FALSE"
-		_, err = admin.Exec(ctx, stmt)
+		_, err := admin.Exec(context.Background(), stmt)
+		require.NoError(t, err, stmt)
+	}
+}
+
+var groupRoles = []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole}
+
+// asUpgradedFrom15 leaves master and users as a deploy on PostgreSQL 15
+// left them, seen after an upgrade to 16 or later: roles.sql's grant of the
+// owner role to master (INHERIT and SET, no ADMIN: a creator held nothing on
+// 15), and each user holding its role by a grant pg_upgrade records as the
+// bootstrap superuser's.
+func asUpgradedFrom15(t *testing.T, admin *pgx.Conn, master string, users provision.Users) {
+	t.Helper()
+	stmts := []string{"GRANT idempotency_owner TO " + master}
+	for user, role := range userRoles(users) {
+		stmts = append(stmts, "CREATE ROLE "+user+" LOGIN", "GRANT "+role+" TO "+user)
+	}
+	for _, stmt := range stmts {
+		_, err := admin.Exec(context.Background(), stmt)
 		require.NoError(t, err, stmt)
 	}
 }
@@ -62,6 +78,12 @@ func setupAsMasterWith(t *testing.T, grant func(t *testing.T, admin *pgx.Conn, m
 	name, master := "test_"+suffix, "master_"+suffix
 	admin, err := pgx.Connect(ctx, base)
 	require.NoError(t, err)
+	// The group roles are the cluster's: made here by the test superuser
+	// where no test made them yet, so that no master user is their creator.
+	for _, role := range groupRoles {
+		_, err := admin.Exec(ctx, `DO $$ BEGIN CREATE ROLE `+role+` NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`)
+		require.NoError(t, err, role)
+	}
 	for _, stmt := range []string{
 		"CREATE ROLE " + master + " LOGIN CREATEROLE",
 		"CREATE SCHEMA " + name + " AUTHORIZATION " + master,
@@ -202,23 +224,14 @@ func TestAMasterUserThatDidNotCreateTheRolesIsToldWhatToGrant(t *testing.T) {
 // A database upgraded from PostgreSQL 15 to 16 or later: its master user
 // created the roles and users on 15, where a role's creator held nothing,
 // so it holds the owner role by roles.sql's grant and no role's ADMIN
-// OPTION, and the users hold their roles by its grants. Its deploys grant
-// nothing again, and succeed.
+// OPTION, and the users hold their roles by grants recorded as the
+// bootstrap superuser's. Its deploys grant nothing again, and succeed. A
+// new name needs the master user to hold the roles' ADMIN OPTION, and the
+// old name's grant revoked by its grantor: each failure says what to run.
 func TestAnUpgradedMasterUserWithoutAdminStillDeploys(t *testing.T) {
 	t.Parallel()
-	b, _ := setupAsMasterWith(t, func(t *testing.T, admin *pgx.Conn, master string, users provision.Users) {
-		stmts := []string{
-			`DO $$ BEGIN CREATE ROLE idempotency_owner NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`,
-			"GRANT idempotency_owner TO " + master,
-		}
-		for user, role := range userRoles(users) {
-			stmts = append(stmts, "CREATE ROLE "+user+" LOGIN", "GRANT "+role+" TO "+user)
-		}
-		for _, stmt := range stmts {
-			_, err := admin.Exec(context.Background(), stmt)
-			require.NoError(t, err, stmt)
-		}
-	})
+	ctx := context.Background()
+	b, me := setupAsMasterWith(t, asUpgradedFrom15)
 	resp := b.invoke(b.event(t, "migrate-cfn-create.json", nil))
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 	resp = b.invoke(b.transition(t, nil, nil))
@@ -226,6 +239,86 @@ func TestAnUpgradedMasterUserWithoutAdminStillDeploys(t *testing.T) {
 	for user, role := range userRoles(b.users) {
 		require.True(t, memberOf(t, b, user, role), "%s in %s", user, role)
 	}
+
+	// A new name for the sweeper's user.
+	admin, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	renamed := "sweeper2_" + randomSuffix()
+	t.Cleanup(func() {
+		_, _ = b.db.Pool.Exec(context.Background(), "DROP OWNED BY "+renamed)
+		_, _ = b.db.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+renamed)
+	})
+	rename := func(p map[string]any) { p["SweeperUser"] = renamed }
+	resp = b.invoke(b.transition(t, nil, rename))
+	if serverVersion(t, admin) >= 160000 {
+		require.Equal(t, cfn.StatusFailed, resp.Status)
+		remedy := "GRANT idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer TO " + me + " WITH ADMIN TRUE, INHERIT FALSE, SET FALSE"
+		require.Contains(t, resp.Reason, remedy)
+		_, err = admin.Exec(ctx, remedy)
+		require.NoError(t, err)
+
+		resp = b.invoke(b.transition(t, nil, rename))
+		require.Equal(t, cfn.StatusFailed, resp.Status)
+		var super string
+		require.NoError(t, admin.QueryRow(ctx, "SELECT rolname FROM pg_roles WHERE oid = 10").Scan(&super))
+		require.Contains(t, resp.Reason, "still a member of idempotency_sweeper after REVOKE")
+		require.Contains(t, resp.Reason, "granted by "+super)
+		require.Contains(t, resp.Reason, "REVOKE idempotency_sweeper FROM "+b.users.Sweeper+" GRANTED BY <grantor>")
+		_, err = admin.Exec(ctx, "REVOKE idempotency_sweeper FROM "+b.users.Sweeper+" GRANTED BY "+super)
+		require.NoError(t, err)
+		resp = b.invoke(b.transition(t, nil, rename))
+	}
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	require.True(t, memberOf(t, b, renamed, schema.SweeperRole))
+	require.False(t, memberOf(t, b, b.users.Sweeper, schema.SweeperRole), "the old name keeps no role")
+}
+
+// An owner user that lost what ownerPool needs (on 16 and later the SET
+// option of its membership, before that the membership) is given it again
+// before the migrations run as it, not found wanting by them on every deploy.
+func TestAnOwnerUserThatLostItsRoleIsRepairedBeforeTheMigrations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b, me := setupAsMaster(t)
+	require.Equal(t, cfn.StatusSuccess, b.invoke(b.event(t, "migrate-cfn-create.json", nil)).Status)
+	admin, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	stmts := []string{"REVOKE idempotency_owner FROM " + b.users.Owner}
+	if serverVersion(t, admin) >= 160000 {
+		stmts = []string{
+			"REVOKE idempotency_owner FROM " + b.users.Owner + " GRANTED BY " + me,
+			"GRANT idempotency_owner TO " + b.users.Owner + " WITH INHERIT TRUE, SET FALSE",
+		}
+	}
+	for _, stmt := range stmts {
+		_, err := admin.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	var may bool
+	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_has_role($1, 'idempotency_owner', 'MEMBER') AND (current_setting('server_version_num')::int < 160000 OR pg_has_role($1, 'idempotency_owner', 'SET'))", b.users.Owner).Scan(&may))
+	require.False(t, may, "the premise: the owner user may not SET ROLE idempotency_owner")
+
+	resp := b.invoke(b.transition(t, nil, nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_has_role($1, 'idempotency_owner', 'MEMBER') AND (current_setting('server_version_num')::int < 160000 OR pg_has_role($1, 'idempotency_owner', 'SET'))", b.users.Owner).Scan(&may))
+	require.True(t, may)
+}
+
+// The master user that created the roles swaps two users' names: it may
+// revoke its own grants.
+func TestAMasterUserSwapsTwoUsersNames(t *testing.T) {
+	t.Parallel()
+	b, _ := setupAsMaster(t)
+	require.Equal(t, cfn.StatusSuccess, b.invoke(b.event(t, "migrate-cfn-create.json", nil)).Status)
+	swap := func(p map[string]any) { p["SweeperUser"], p["ReaderUser"] = b.users.Reader, b.users.Sweeper }
+	resp := b.invoke(b.transition(t, nil, swap))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	require.False(t, memberOf(t, b, b.users.Sweeper, schema.SweeperRole))
+	require.True(t, memberOf(t, b, b.users.Sweeper, schema.ReaderRole))
+	require.False(t, memberOf(t, b, b.users.Reader, schema.ReaderRole))
+	require.True(t, memberOf(t, b, b.users.Reader, schema.SweeperRole))
 }
 
 // userRoles maps each of users to the group role the deploy gives it.

