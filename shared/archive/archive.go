@@ -297,8 +297,9 @@ SELECT status_code, resource_id, created_at, expired_at, fingerprint
 // relations for one month. lookupSQL's bounds are parameters, which prune
 // only when the statement is planned for their values, a custom plan every
 // run, and planning locks every index of each partition it keeps (the
-// created_at BRIN as well): 4 relations for one month, and the planning
-// time on every lookup.
+// created_at BRIN as well): 4 relations for one month (6 on PostgreSQL 17,
+// whose planner locks the parent's two indexes too), and the planning time
+// on every lookup.
 //
 // The window is whole months: it holds every expiry lookupSQL's bounds
 // admit, and more (see lookupStatement).
