@@ -325,3 +325,69 @@ func TestAMasterUserSwapsTwoUsersNames(t *testing.T) {
 func userRoles(users provision.Users) map[string]string {
 	return map[string]string{users.Sweeper: schema.SweeperRole, users.Reader: schema.ReaderRole, users.Owner: schema.OwnerRole, users.Writer: schema.WriterRole}
 }
+
+// The owner user's membership stripped of what ownerPool needs by the
+// master user's own grant (on 16 and later GRANT ... WITH SET FALSE GRANTED
+// BY the master, which a GRANT without options leaves as it is; before 16,
+// the membership revoked), after the owner user planted a
+// pg_advisory_lock(double precision) for tern's lock: the deploy gives the
+// owner user SET again and migrates as it. The migrations never fall back
+// to the master user, whose run of the planted function would give the
+// owner user CREATEROLE.
+func TestAnOwnerUserWithoutSetNeverMakesTheMasterUserMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b, master, owner := deployedAsMaster(t)
+	admin, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	plantTernLock(t, owner, b.users.Owner)
+	strip := "REVOKE idempotency_owner FROM " + b.users.Owner
+	if serverVersion(t, admin) >= 160000 {
+		strip = "GRANT idempotency_owner TO " + b.users.Owner + " WITH SET FALSE GRANTED BY " + master
+	}
+	_, err = admin.Exec(ctx, strip)
+	require.NoError(t, err, strip)
+
+	resp := redeploy(t, b, b.transition(t, nil, nil), nil)
+	require.False(t, gainedCreateRole(t, owner, b.users.Owner),
+		"the owner user %s gained CREATEROLE: tern ran as the master user %s", b.users.Owner, master)
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	var may bool
+	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_has_role($1, 'idempotency_owner', 'MEMBER') AND (current_setting('server_version_num')::int < 160000 OR pg_has_role($1, 'idempotency_owner', 'SET'))", b.users.Owner).Scan(&may))
+	require.True(t, may, "the deploy gave the owner user SET again")
+}
+
+// Upgraded from 15 (the master user holds no ADMIN), the new sweeper name
+// already holds its role (granted by hand), so nothing is granted and the
+// first refusal is the REVOKE of the old name's grant: it says what to run,
+// the grantor's REVOKE ... GRANTED BY among it.
+func TestARefusedRevokeSaysWhatToRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b, me := setupAsMasterWith(t, asUpgradedFrom15)
+	require.Equal(t, cfn.StatusSuccess, b.invoke(b.event(t, "migrate-cfn-create.json", nil)).Status)
+	admin, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	renamed := "sweeper2_" + randomSuffix()
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+renamed)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+renamed)
+	})
+	for _, stmt := range []string{"CREATE ROLE " + renamed + " LOGIN", "GRANT idempotency_sweeper TO " + renamed} {
+		_, err = admin.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	resp := b.invoke(b.transition(t, nil, func(p map[string]any) { p["SweeperUser"] = renamed }))
+	if serverVersion(t, admin) < 160000 {
+		require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason) // CREATEROLE may revoke any grant
+		require.False(t, memberOf(t, b, b.users.Sweeper, schema.SweeperRole))
+		return
+	}
+	require.Equal(t, cfn.StatusFailed, resp.Status)
+	require.Contains(t, resp.Reason, "may not revoke that role")
+	require.Contains(t, resp.Reason, "GRANT idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer TO "+me+" WITH ADMIN TRUE, INHERIT FALSE, SET FALSE")
+	require.Contains(t, resp.Reason, "REVOKE idempotency_sweeper FROM "+b.users.Sweeper+" GRANTED BY <grantor>")
+	require.True(t, memberOf(t, b, b.users.Sweeper, schema.SweeperRole), "the failed deploy changed nothing")
+}

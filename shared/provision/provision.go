@@ -234,8 +234,14 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, conn *pgxpool.Conn, cfg Co
 		if st, err = lookUpOwner(ctx, conn, owner); err != nil {
 			return schema.Result{}, err
 		}
+		if !st.member {
+			// Never fall back to conn's user here: the owner role's
+			// members may have planted code in the schema.
+			return schema.Result{}, fmt.Errorf("apply migrations: user %s still may not SET ROLE %s after the users were provisioned (a membership with SET FALSE another role granted?): the migrations would run as the migrating user, which must never run code the owner role's members may have planted; give it the role with SET TRUE, or name another OwnerUser",
+				owner, schema.OwnerRole)
+		}
 	}
-	if !st.member || !st.inSchema {
+	if !st.inSchema {
 		return schema.ApplyMigrations(ctx, conn.Conn(), logger)
 	}
 	iam := st.iam
@@ -509,28 +515,33 @@ func revoke(ctx context.Context, tx pgx.Tx, role, name, why string) error {
 	if !member {
 		return nil
 	}
+	// Read before the REVOKE, whose failure ends the transaction.
+	var grantors, r, n, me string
+	if err := tx.QueryRow(ctx, grantorsSQL, role, name).Scan(&grantors, &r, &n, &me); err != nil {
+		return fmt.Errorf("look up who granted %s to %s: %w", role, name, err)
+	}
+	byGrantor := fmt.Sprintf("as that grantor or a superuser, run REVOKE %s FROM %s GRANTED BY <grantor>, or keep the name where it was", r, n)
 	if _, err := tx.Exec(ctx, "REVOKE "+pgx.Identifier{role}.Sanitize()+" FROM "+pgx.Identifier{name}.Sanitize()); err != nil {
+		if database.SQLState(err) == database.CodeInsufficientPrivilege {
+			return fmt.Errorf("revoke %s from %s, %s: the migrating user may not revoke that role: %s; or, granted by %s, %s: %w", role, name, why, adminRemedy(me), grantors, byGrantor, err)
+		}
 		return fmt.Errorf("revoke %s from %s, %s: %w", role, name, why, err)
 	}
 	if err := tx.QueryRow(ctx, directMemberSQL, role, name).Scan(&member); err != nil {
 		return fmt.Errorf("look up %s's roles: %w", name, err)
 	}
 	if member {
-		var grantors, r, n string
-		if err := tx.QueryRow(ctx, grantorsSQL, role, name).Scan(&grantors, &r, &n); err != nil {
-			return fmt.Errorf("look up who granted %s to %s: %w", role, name, err)
-		}
 		return fmt.Errorf("user %s is still a member of %s after REVOKE, %s: the membership left was granted by %s (since PostgreSQL 16 a REVOKE removes only the revoking user's own grant, "+
-			"and a database upgraded from 15 records its older grants as the bootstrap superuser's); as that grantor or a superuser, run REVOKE %s FROM %s GRANTED BY <grantor>, or keep the name where it was",
-			name, role, why, grantors, r, n)
+			"and a database upgraded from 15 records its older grants as the bootstrap superuser's); %s",
+			name, role, why, grantors, byGrantor)
 	}
 	return nil
 }
 
 // grantorsSQL lists who granted role $1 to $2 directly, and quotes both
-// names, as SQL an operator can paste.
+// names and the migrating user's, as SQL an operator can paste.
 const grantorsSQL = `
-SELECT coalesce(string_agg(DISTINCT quote_ident(g.rolname), ', '), 'another role'), quote_ident($1), quote_ident($2)
+SELECT coalesce(string_agg(DISTINCT quote_ident(g.rolname), ', '), 'another role'), quote_ident($1), quote_ident($2), quote_ident(current_user)
   FROM pg_auth_members m
   JOIN pg_roles r ON r.oid = m.roleid
   JOIN pg_roles u ON u.oid = m.member
@@ -700,13 +711,15 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 // holdsRoleSQL says whether user $1 has role $2's privileges (the
 // functions use them by inheritance), and may SET ROLE to it where $3 (the
 // owner user's, for ownerPool and ALTER ... OWNER TO; see maySetRoleSQL).
-// And who the migrating user is, for the error a refused grant returns.
+// And who the migrating user is, for the error a refused grant returns,
+// and whether the server is PostgreSQL 16 or later.
 const holdsRoleSQL = `
 SELECT pg_has_role($1, $2, 'USAGE')
        AND CASE WHEN NOT $3 THEN true
                 WHEN current_setting('server_version_num')::int >= 160000 THEN pg_has_role($1, $2, 'SET')
                 ELSE pg_has_role($1, $2, 'MEMBER') END,
-       quote_ident(current_user)`
+       quote_ident(current_user),
+       current_setting('server_version_num')::int >= 160000`
 
 // grantRole grants u its group role, unless it holds it already.
 //
@@ -719,15 +732,25 @@ SELECT pg_has_role($1, $2, 'USAGE')
 // are left as they are, so such a deploy still succeeds; a user that needs
 // a grant the migrating user may not make fails the deploy with what to run.
 func grantRole(ctx context.Context, tx pgx.Tx, u User) error {
-	var holds bool
+	var holds, v16 bool
 	var me string
-	if err := tx.QueryRow(ctx, holdsRoleSQL, u.Name, u.Role, u.Role == schema.OwnerRole).Scan(&holds, &me); err != nil {
+	if err := tx.QueryRow(ctx, holdsRoleSQL, u.Name, u.Role, u.Role == schema.OwnerRole).Scan(&holds, &me, &v16); err != nil {
 		return fmt.Errorf("look up %s's roles: %w", u.Name, err)
 	}
 	if holds {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+pgx.Identifier{u.Name}.Sanitize()); err != nil {
+	options := ""
+	if v16 {
+		options = " WITH INHERIT TRUE"
+		if u.Role == schema.OwnerRole {
+			options += ", SET TRUE"
+		}
+	}
+	// On 16 and later the options are stated: a GRANT without them leaves
+	// a grant the same grantor made before (INHERIT FALSE or SET FALSE) as
+	// it was, with a notice.
+	if _, err := tx.Exec(ctx, "GRANT "+pgx.Identifier{u.Role}.Sanitize()+" TO "+pgx.Identifier{u.Name}.Sanitize()+options); err != nil {
 		// 42501: no ADMIN OPTION on the role. XX000 "no possible grantors":
 		// ADMIN held only through a membership whose privileges the
 		// migrating user does not inherit.
