@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -135,5 +136,23 @@ func TestThousands(t *testing.T) {
 	t.Parallel()
 	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -45000: "-45,000"} {
 		require.Equal(t, want, thousands(n))
+	}
+}
+
+func TestParentIndexLocksNamesTheServerWhereItApplies(t *testing.T) {
+	for version, want := range map[string]bool{
+		"PostgreSQL 15.18 (Debian 15.18-0+deb12u1) on x86_64-pc-linux-gnu": false,
+		"PostgreSQL 17.10 on x86_64-pc-linux-gnu":                          true,
+		"PostgreSQL 18.1 on aarch64-unknown-linux-gnu":                     true,
+		"":                         false,
+		"EnterpriseDB 17 whatever": false,
+	} {
+		got := parentIndexLocks(version)
+		if (got != "") != want {
+			t.Errorf("parentIndexLocks(%q) = %q", version, got)
+		}
+	}
+	if got := parentIndexLocks("PostgreSQL 17.10 on x86_64-pc-linux-gnu"); !strings.Contains(got, "PostgreSQL 17,") {
+		t.Errorf("got %q", got)
 	}
 }
