@@ -296,14 +296,11 @@ func TestAnOwnerUserThatLostItsRoleIsRepairedBeforeTheMigrations(t *testing.T) {
 		_, err := admin.Exec(ctx, stmt)
 		require.NoError(t, err, stmt)
 	}
-	var may bool
-	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_has_role($1, 'idempotency_owner', 'MEMBER') AND (current_setting('server_version_num')::int < 160000 OR pg_has_role($1, 'idempotency_owner', 'SET'))", b.users.Owner).Scan(&may))
-	require.False(t, may, "the premise: the owner user may not SET ROLE idempotency_owner")
+	require.False(t, maySetOwnerRole(t, admin, b.users.Owner), "the premise: the owner user may not SET ROLE idempotency_owner")
 
 	resp := b.invoke(b.transition(t, nil, nil))
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
-	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_has_role($1, 'idempotency_owner', 'MEMBER') AND (current_setting('server_version_num')::int < 160000 OR pg_has_role($1, 'idempotency_owner', 'SET'))", b.users.Owner).Scan(&may))
-	require.True(t, may)
+	require.True(t, maySetOwnerRole(t, admin, b.users.Owner))
 }
 
 // The master user that created the roles swaps two users' names: it may
@@ -353,9 +350,7 @@ func TestAnOwnerUserWithoutSetNeverMakesTheMasterUserMigrate(t *testing.T) {
 	require.False(t, gainedCreateRole(t, owner, b.users.Owner),
 		"the owner user %s gained CREATEROLE: tern ran as the master user %s", b.users.Owner, master)
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
-	var may bool
-	require.NoError(t, admin.QueryRow(ctx, "SELECT pg_has_role($1, 'idempotency_owner', 'MEMBER') AND (current_setting('server_version_num')::int < 160000 OR pg_has_role($1, 'idempotency_owner', 'SET'))", b.users.Owner).Scan(&may))
-	require.True(t, may, "the deploy gave the owner user SET again")
+	require.True(t, maySetOwnerRole(t, admin, b.users.Owner), "the deploy gave the owner user SET again")
 }
 
 // Upgraded from 15 (the master user holds no ADMIN), the new sweeper name
@@ -390,4 +385,13 @@ func TestARefusedRevokeSaysWhatToRun(t *testing.T) {
 	require.Contains(t, resp.Reason, "GRANT idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer TO "+me+" WITH ADMIN TRUE, INHERIT FALSE, SET FALSE")
 	require.Contains(t, resp.Reason, "REVOKE idempotency_sweeper FROM "+b.users.Sweeper+" GRANTED BY <grantor>")
 	require.True(t, memberOf(t, b, b.users.Sweeper, schema.SweeperRole), "the failed deploy changed nothing")
+}
+
+// maySetOwnerRole says whether user may SET ROLE idempotency_owner (on
+// PostgreSQL 16 and later its membership's SET option says).
+func maySetOwnerRole(t *testing.T, admin *pgx.Conn, user string) bool {
+	t.Helper()
+	var may bool
+	require.NoError(t, admin.QueryRow(context.Background(), "SELECT pg_has_role($1, 'idempotency_owner', 'MEMBER') AND (current_setting('server_version_num')::int < 160000 OR pg_has_role($1, 'idempotency_owner', 'SET'))", user).Scan(&may))
+	return may
 }

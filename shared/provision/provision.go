@@ -311,8 +311,10 @@ func lookUpOwner(ctx context.Context, conn *pgxpool.Conn, owner string) (ownerSt
 // says (a membership with INHERIT alone gives none), before any member may.
 // A user that may not is provisioned before the migrations run (see
 // migrate), where grantRole gives it what it lacks.
-const maySetRoleSQL = `
-SELECT CASE WHEN current_setting('server_version_num')::int >= 160000 THEN pg_has_role($1, $2, 'SET')
+const maySetRoleSQL = "SELECT " + maySetRole
+
+// maySetRole is maySetRoleSQL's expression, which holdsRoleSQL shares.
+const maySetRole = `CASE WHEN current_setting('server_version_num')::int >= 160000 THEN pg_has_role($1, $2, 'SET')
             ELSE pg_has_role($1, $2, 'MEMBER') END`
 
 // giveVersionTable gives tern's version table to the owner role where it
@@ -714,10 +716,7 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 // And who the migrating user is, for the error a refused grant returns,
 // and whether the server is PostgreSQL 16 or later.
 const holdsRoleSQL = `
-SELECT pg_has_role($1, $2, 'USAGE')
-       AND CASE WHEN NOT $3 THEN true
-                WHEN current_setting('server_version_num')::int >= 160000 THEN pg_has_role($1, $2, 'SET')
-                ELSE pg_has_role($1, $2, 'MEMBER') END,
+SELECT pg_has_role($1, $2, 'USAGE') AND (NOT $3 OR ` + maySetRole + `),
        quote_ident(current_user),
        current_setting('server_version_num')::int >= 160000`
 
