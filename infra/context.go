@@ -31,6 +31,7 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 		SweepInterval:                c.duration("sweepInterval"),
 		SweepBatchSize:               c.int("sweepBatchSize"),
 		SweepPause:                   c.durationPtr("sweepPause"),
+		SweepPauseRatio:              c.ratioPtr("sweepPauseRatio"),
 		SweepInFlightGrace:           c.durationPtr("sweepInFlightGrace"),
 		SweepStatementTimeout:        c.duration("sweepStatementTimeout"),
 		SweepLockTimeout:             c.duration("sweepLockTimeout"),
@@ -73,7 +74,7 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 // cluster would never pause, and were it paused, a lookup on a payment's
 // path would wait for the resume (about 15 s), past its timeout.
 var zeroMeans = map[string]bool{
-	"partitionRetentionMonths": true, "sweepPause": true, "sweepInFlightGrace": true, "partitionCompactPerRun": true,
+	"partitionRetentionMonths": true, "sweepPause": true, "sweepPauseRatio": true, "sweepInFlightGrace": true, "partitionCompactPerRun": true,
 }
 
 func (c *contextReader) positive(name string, v float64) {
@@ -179,6 +180,22 @@ func (c *contextReader) durationPtr(name string) *time.Duration {
 	}
 	d := c.duration(name)
 	return &d
+}
+
+// ratioPtr reads a ratio as the functions read their variables
+// (settings.ParseRatio), for a value whose zero means something: nil when
+// unset. Its range is the functions' settings' to check at synth.
+func (c *contextReader) ratioPtr(name string) *float64 {
+	v, ok := c.raw(name)
+	if !ok {
+		return nil
+	}
+	f, err := settings.ParseRatio(v)
+	if err != nil {
+		c.fail(name, err)
+	}
+	c.positive(name, f)
+	return &f
 }
 
 // intPtr is int for a value whose zero means something: nil when unset.

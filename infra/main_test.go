@@ -70,9 +70,10 @@ func TestPropsFromContext(t *testing.T) {
 	// AND the function settings whose zero means something (no pause, no
 	// grace, no compaction) keep a zero, from -c and from cdk.json alike,
 	// and stay nil when unset
-	p, _, err = propsFromContext(contextOf(map[string]any{"sweepPause": "0s", "sweepInFlightGrace": float64(0), "partitionCompactPerRun": float64(0)}))
+	p, _, err = propsFromContext(contextOf(map[string]any{"sweepPause": "0s", "sweepPauseRatio": float64(0), "sweepInFlightGrace": float64(0), "partitionCompactPerRun": float64(0)}))
 	require.NoError(t, err)
 	require.Equal(t, new(time.Duration(0)), p.SweepPause)
+	require.Equal(t, new(0.0), p.SweepPauseRatio)
 	require.Equal(t, new(time.Duration(0)), p.SweepInFlightGrace)
 	require.Equal(t, new(0), p.PartitionCompactPerRun)
 	p, _, err = propsFromContext(contextOf(map[string]any{
@@ -81,15 +82,27 @@ func TestPropsFromContext(t *testing.T) {
 	}))
 	require.NoError(t, err)
 	require.Equal(t, new(time.Second), p.SweepPause)
+	require.Nil(t, p.SweepPauseRatio)
 	require.Nil(t, p.SweepInFlightGrace)
 	require.Equal(t, []any{45 * time.Second, 3 * time.Second, 50 * time.Second, "data.id", 4 * time.Minute, 10 * time.Second, new(2)},
 		[]any{p.SweepStatementTimeout, p.SweepLockTimeout, p.SweepDeadlineMargin, p.SweepResourceIDPath, p.PartitionStatementTimeout, p.PartitionLockTimeout, p.PartitionCompactPerRun})
-	for _, name := range []string{"sweepPause", "sweepInFlightGrace", "partitionCompactPerRun", "partitionRetentionMonths"} {
+	for raw, want := range map[any]float64{"1.5": 1.5, float64(7): 7, "99": 99} {
+		p, _, err = propsFromContext(contextOf(map[string]any{"sweepPauseRatio": raw}))
+		require.NoError(t, err, raw)
+		require.Equal(t, new(want), p.SweepPauseRatio, raw)
+	}
+	for _, name := range []string{"sweepPause", "sweepPauseRatio", "sweepInFlightGrace", "partitionCompactPerRun", "partitionRetentionMonths"} {
 		_, _, err = propsFromContext(contextOf(map[string]any{name: "-1"}))
 		require.ErrorContains(t, err, "context "+name, name)
 	}
 	_, _, err = propsFromContext(contextOf(map[string]any{"sweepPause": "-1s"}))
 	require.ErrorContains(t, err, "context sweepPause: must be 0 or positive")
+	_, _, err = propsFromContext(contextOf(map[string]any{"sweepPauseRatio": "NaN"}))
+	require.ErrorContains(t, err, "context sweepPauseRatio: not a decimal number")
+	_, _, err = propsFromContext(contextOf(map[string]any{"sweepPauseRatio": "1_0"}))
+	require.ErrorContains(t, err, "context sweepPauseRatio: not a decimal number")
+	_, _, err = propsFromContext(contextOf(map[string]any{"sweepPauseRatio": "a lot"}))
+	require.ErrorContains(t, err, "context sweepPauseRatio")
 	_, _, err = propsFromContext(contextOf(map[string]any{"partitionCompactPerRun": "one"}))
 	require.ErrorContains(t, err, "context partitionCompactPerRun")
 

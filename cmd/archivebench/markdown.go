@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"strings"
+
+	"github.com/idemarchive/idemarchive/shared/sweep"
 )
 
 // tables renders the figures as markdown tables.
@@ -102,6 +104,20 @@ func (r *report) tables() string {
 				c.Case, offered, lag, thousands(int64(c.OpsPerSec)), c.P50MS, c.P99MS, c.MaxMS, strings.Join(rounds, " / "), c.P99VsBaseline,
 				sweeper, batches, p95, busy, reloads)
 		}
+		for _, pair := range [][2]string{{caseTrafficDeployed, caseTrafficFixedPause}, {caseTrafficOpenDeployed, caseTrafficOpenFixedPause}} {
+			d, okD := t.result(pair[0])
+			f, okF := t.result(pair[1])
+			if !okD || !okF {
+				continue
+			}
+			loop := "In the closed loop"
+			if d.OfferedOpsPerSec > 0 {
+				loop = "At the offered load"
+			}
+			w("\n%s, what the pause ratio changes: p99 %.2fx the baseline with it against %.2fx with the fixed pause alone, the sweeper busy %.0f%% of the time against %.0f%% and moving %s rows/s against %s.",
+				loop, d.P99VsBaseline, f.P99VsBaseline, d.SweepBusyPct, f.SweepBusyPct, thousands(int64(d.SweptRowsPerSec)), thousands(int64(f.SweptRowsPerSec)))
+		}
+		w("\n")
 		if c, ok := t.result(caseTrafficFlatOut); ok && t.SweepAloneRowsPerSec > 0 {
 			w("\nThe sweeper alone over the same backlog moved %s rows/s; beside the traffic it kept %.0f%% of that. ",
 				thousands(int64(t.SweepAloneRowsPerSec)), 100*c.SweptRowsPerSec/t.SweepAloneRowsPerSec)
@@ -177,8 +193,12 @@ func (r *report) document(tables string) string {
 	w("5. **Functions.** Sizes of bin/<fn>/bootstrap and bin/<fn>.zip from `make build` (linux/arm64). Cold start: the local build (bin/local/<fn>/bootstrap) under the Runtime Interface Emulator (`shared/emulator.Start`), from starting the emulator to the first answer, median of the starts; the database is reached on that first invocation. Go init: the sum of the `init ... ms clock` lines GODEBUG=inittrace=1 prints, median of as many more starts. The baseline is cmd/archivebench/nullfn, a function importing only aws-lambda-go; the lookup is also built with the notrace tag (`make build TRACING=off`: no X-Ray SDK) and measured the same way. The sweep is invoked with events/sweep-schedule.json, partitions with events/partitions-dry-run.json, lookup with events/lookup-direct.json, migrate with events/migrate-cfn-delete.json answered to a local server.\n")
 	w("6. **Live traffic while sweeping.** Each operation is one request's work on the live store: `livestore.NewPostgres(pool).Register` of a fresh ULID key minted now (TTL 24 h, `ClockSkew: keytime.DefaultClockSkew`), then `Complete` with a small JSON charge, timed together; %d goroutines share the operations, after %d untimed ones. ", trafficWriters, trafficWarmup)
 	w("The live table holds the same expired backlog (completed keys of the three shapes, expired over the last day) at the start of every run, reloaded, vacuumed, analyzed and checkpointed as for the sweep. ")
-	w("With the sweeper, `sweep.New(pool, sweep.Config{BatchSize: 10000, Pause: p}, partitions, nil).Run` runs in a loop from before the writers start (the timing begins after its first batch) until they finish, and is then canceled; had the backlog drained, it would have been loaded again (the reloads column). ")
-	w("p is sweep.DefaultPause (200 ms, what SWEEP_PAUSE defaults to, jittered by ±25%%) as deployed, or 0 flat out. ")
+	w("With the sweeper, `sweep.New(pool, sweep.Config{BatchSize: 10000, Pause: p, PauseRatio: r}, partitions, nil).Run` runs in a loop from before the writers start (the timing begins after its first batch) until they finish, and is then canceled; had the backlog drained, it would have been loaded again (the reloads column). ")
+	if t := r.Traffic; t != nil && t.DeployedPauseRatio == nil {
+		w("As deployed when this run was made, p was %.0f ms (SWEEP_PAUSE's default, jittered by ±25%%) and there was no pause ratio; flat out, p is 0. ", t.DeployedPauseMS)
+	} else if t != nil {
+		w("As deployed, p is %.0f ms (SWEEP_PAUSE's default) and r %g (SWEEP_PAUSE_RATIO's): each pause is p + r × the time the sweeper worked since the last, jittered by ±25%%; with the fixed pause alone, r is 0 (the sweeper as deployed before the ratio); flat out, both are 0. ", t.DeployedPauseMS, *t.DeployedPauseRatio)
+	}
 	w("The sweeper's rows/s are the rows it moved while the writers ran over that time; its batch p95 is of each batch's own time (`sweep.Progress.Took`: its transaction, without the pause before it), and sweeper busy is the part of the writers' window the sweeper spent in batches (each batch clipped to the window; at least that much, as the batch still running when the writers finish is canceled unreported). ")
 	w("In the closed-loop cases each writer starts its next operation when the last one ends, so the writers keep the machine's 2 cores saturated and any work beside them, the sweeper's included, takes its share of the CPU out of their latency. ")
 	w("In the open-loop cases (a database with headroom, as a payment API runs one) operations arrive at a quarter of the closed-loop baseline's throughput in the first round, operation n due at start + n/rate; each is timed from when it started, and how late it started after it was due is reported apart (start lag p99: the load generator's own timer precision on 2 busy cores, and any wait for a free writer), so that the generator's lag does not count as the live store's latency on both sides; the 'p99 vs no sweeper' of those cases is against the open-loop baseline, and a ratio is worth as much as the per-round p99s agree. ")
@@ -348,7 +368,9 @@ func (r *report) capacity(w func(string, ...any)) {
 	w("## Capacity model\n\n")
 	w("From this run's figures: %.0f archive bytes per row (%s, the plain-key table included), the project's sweeper at %s rows/s and %.0f WAL bytes per row (this machine, fsync off: ",
 		perRow, when, thousands(int64(c.RowsPerSec)), c.WALPerRow)
-	w("read the sweep time as a lower bound on a durable server), one archive row per key. Retention is forever unless the partition manager's RetentionMonths is set.\n\n")
+	w("read the sweep time as a lower bound on a durable server), one archive row per key. Retention is forever unless the partition manager's RetentionMonths is set. ")
+	w("The sweep time is its batches' own time, the database's work; as deployed each batch is followed by a pause of SWEEP_PAUSE (%s) plus SWEEP_PAUSE_RATIO (%g) times its time, so the sweep's wall-clock time is about %g times that, plus the fixed pauses.\n\n",
+		sweep.DefaultPause, sweep.DefaultPauseRatio, 1+sweep.DefaultPauseRatio)
 	w("| Keys per day | archive per year | after 10 years | sweep time per day | WAL per day from the sweep | partitions after 1 / 10 years |\n")
 	w("| ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, k := range []float64{1e5, 1e6, 1e7, 1e8} {
@@ -380,8 +402,8 @@ func (r *report) capacity(w func(string, ...any)) {
 		perRow, thousands(int64(threshold)))
 	w("- when lookups need replicas: the lookup is on a payment's path, and Aurora replicas read the same storage with lag usually under 100 ms, so a key the sweep archived a moment ago is answered from a replica too; RDS read replicas replay the sweep's WAL (%s a day at 10,000,000 keys a day, before full-page images) and can lag further;\n",
 		bytesHuman(1e7*c.WALPerRow))
-	w("- not for the sweep itself: when the sweep's time per day nears a tenth of the day (about %s keys a day at this machine's rate), add sweepers (they claim rows with SKIP LOCKED) or a larger instance first.\n\n",
-		thousands(int64(c.RowsPerSec*8640)))
+	w("- not for the sweep itself: when the sweep's time per day nears a tenth of the day (about %s keys a day at this machine's rate), add sweepers (they claim rows with SKIP LOCKED), lower SWEEP_PAUSE_RATIO (as deployed the sweep works at most about %.0f%% of its wall-clock time, and the CDK stack's runs start batches for 205 s of every 5 minutes) or move to a larger instance first.\n\n",
+		thousands(int64(c.RowsPerSec*8640)), 100/(1+sweep.DefaultPauseRatio))
 }
 
 func bytesHuman(b float64) string {

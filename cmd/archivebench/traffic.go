@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,6 +133,8 @@ type trafficCase struct {
 	name     string
 	sweeping bool
 	pause    time.Duration
+	// pauseRatio is the sweeper's Config.PauseRatio.
+	pauseRatio float64
 	// load, when not 0, makes the case an open loop: operations arrive at
 	// this fraction of the closed-loop baseline's throughput in the first
 	// round.
@@ -141,17 +144,20 @@ type trafficCase struct {
 }
 
 // trafficCases: in a closed loop (the writers saturate the machine) the
-// baseline, the sweeper as deployed (SWEEP_PAUSE's default) and the sweeper
-// flat out; then at a quarter of the baseline's throughput (a database with
-// headroom, as a payment API runs it) the baseline and the sweeper as
-// deployed. The closed-loop cases come first: the open ones take their rate
-// from the first baseline run.
+// baseline, the sweeper as deployed (SWEEP_PAUSE's and SWEEP_PAUSE_RATIO's
+// defaults), with the fixed pause alone (no ratio) and flat out; then at a
+// quarter of the baseline's throughput (a database with headroom, as a
+// payment API runs it) the baseline, the sweeper as deployed and with the
+// fixed pause alone. The closed-loop cases come first: the open ones take
+// their rate from the first baseline run.
 var trafficCases = []trafficCase{
 	{name: caseTrafficAlone, baseline: caseTrafficAlone},
-	{name: caseTrafficDeployed, sweeping: true, pause: sweep.DefaultPause, baseline: caseTrafficAlone},
+	{name: caseTrafficDeployed, sweeping: true, pause: sweep.DefaultPause, pauseRatio: sweep.DefaultPauseRatio, baseline: caseTrafficAlone},
+	{name: caseTrafficFixedPause, sweeping: true, pause: sweep.DefaultPause, baseline: caseTrafficAlone},
 	{name: caseTrafficFlatOut, sweeping: true, baseline: caseTrafficAlone},
 	{name: caseTrafficOpenAlone, load: trafficOpenLoad, baseline: caseTrafficOpenAlone},
-	{name: caseTrafficOpenDeployed, sweeping: true, pause: sweep.DefaultPause, load: trafficOpenLoad, baseline: caseTrafficOpenAlone},
+	{name: caseTrafficOpenDeployed, sweeping: true, pause: sweep.DefaultPause, pauseRatio: sweep.DefaultPauseRatio, load: trafficOpenLoad, baseline: caseTrafficOpenAlone},
+	{name: caseTrafficOpenFixedPause, sweeping: true, pause: sweep.DefaultPause, load: trafficOpenLoad, baseline: caseTrafficOpenAlone},
 }
 
 // roundOrder is the order of the cases (indexes into trafficCases) in round
@@ -160,10 +166,19 @@ var trafficCases = []trafficCase{
 // machine over the run weighs on all alike. Round 0 starts with the
 // closed-loop baseline, whose throughput sets the open-loop rate.
 func roundOrder(i int) []int {
-	if i%2 == 0 {
-		return []int{0, 1, 2, 3, 4}
+	var closed, open []int
+	for j, c := range trafficCases {
+		if c.load > 0 {
+			open = append(open, j)
+		} else {
+			closed = append(closed, j)
+		}
 	}
-	return []int{2, 1, 0, 4, 3}
+	if i%2 == 1 {
+		slices.Reverse(closed)
+		slices.Reverse(open)
+	}
+	return append(closed, open...)
 }
 
 type trafficSection struct {
@@ -174,9 +189,15 @@ type trafficSection struct {
 	Backlog     int `json:"backlog_rows"`
 	// SweepAloneRowsPerSec is the sweeper over the same backlog with no
 	// traffic, for the cost the other way round.
-	SweepAloneRowsPerSec float64         `json:"sweep_alone_rows_per_sec"`
-	LoadSeconds          float64         `json:"load_seconds"`
-	Results              []trafficResult `json:"results"`
+	SweepAloneRowsPerSec float64 `json:"sweep_alone_rows_per_sec"`
+	// DeployedPauseMS and DeployedPauseRatio are the sweeper's settings in
+	// the cases "as deployed" (SWEEP_PAUSE's and SWEEP_PAUSE_RATIO's
+	// defaults when the run was made); the ratio is nil in the files of
+	// runs made before it existed.
+	DeployedPauseMS    float64         `json:"deployed_pause_ms"`
+	DeployedPauseRatio *float64        `json:"deployed_pause_ratio,omitempty"`
+	LoadSeconds        float64         `json:"load_seconds"`
+	Results            []trafficResult `json:"results"`
 }
 
 const (
@@ -189,11 +210,13 @@ const (
 	// of the closed-loop baseline's throughput.
 	trafficOpenLoad = 0.25
 
-	caseTrafficAlone        = "no sweeper (baseline)"
-	caseTrafficDeployed     = "sweeper running as deployed (shared/sweep, batch 10,000, SWEEP_PAUSE 200ms)"
-	caseTrafficFlatOut      = "sweeper running flat out (shared/sweep, batch 10,000, no pause)"
-	caseTrafficOpenAlone    = "at a quarter of the baseline's throughput, no sweeper (baseline)"
-	caseTrafficOpenDeployed = "at a quarter of the baseline's throughput, sweeper running as deployed (SWEEP_PAUSE 200ms)"
+	caseTrafficAlone          = "no sweeper (baseline)"
+	caseTrafficDeployed       = "sweeper running as deployed (shared/sweep, batch 10,000, SWEEP_PAUSE 200ms, SWEEP_PAUSE_RATIO 3)"
+	caseTrafficFixedPause     = "sweeper running with the fixed pause alone (SWEEP_PAUSE 200ms, SWEEP_PAUSE_RATIO 0)"
+	caseTrafficFlatOut        = "sweeper running flat out (shared/sweep, batch 10,000, no pause)"
+	caseTrafficOpenAlone      = "at a quarter of the baseline's throughput, no sweeper (baseline)"
+	caseTrafficOpenDeployed   = "at a quarter of the baseline's throughput, sweeper running as deployed (SWEEP_PAUSE 200ms, SWEEP_PAUSE_RATIO 3)"
+	caseTrafficOpenFixedPause = "at a quarter of the baseline's throughput, sweeper running with the fixed pause alone (SWEEP_PAUSE_RATIO 0)"
 )
 
 // benchTraffic times register-and-complete of fresh ULID keys through the
@@ -202,7 +225,9 @@ const (
 // sweeper moves that backlog flat out, in trafficRounds rounds of ABBA
 // order. The live table is reloaded to the same state before each run.
 func benchTraffic(ctx context.Context, base string, ops, backlog int, p *progress) (trafficSection, error) {
-	sec := trafficSection{Ops: ops, Writers: trafficWriters, Backlog: backlog}
+	deployedRatio := sweep.DefaultPauseRatio
+	sec := trafficSection{Ops: ops, Writers: trafficWriters, Backlog: backlog,
+		DeployedPauseMS: ms(sweep.DefaultPause), DeployedPauseRatio: &deployedRatio}
 	db, parts, err := newLiveBenchDB(ctx, base, "traffic")
 	if err != nil {
 		return sec, err
@@ -331,13 +356,14 @@ type sweeperLoop struct {
 	started   chan struct{}   // closed at the first batch
 }
 
-func (l *sweeperLoop) run(ctx context.Context, db *benchDB, parts *partition.Manager, pause time.Duration, p *progress) error {
+func (l *sweeperLoop) run(ctx context.Context, db *benchDB, parts *partition.Manager, c trafficCase, p *progress) error {
 	var base int64
 	var once sync.Once
 	for {
 		s, err := sweep.New(db.Pool, sweep.Config{
-			BatchSize: sweepBatch,
-			Pause:     pause,
+			BatchSize:  sweepBatch,
+			Pause:      c.pause,
+			PauseRatio: c.pauseRatio,
 			OnBatch: func(pr sweep.Progress) {
 				now := time.Now()
 				l.mu.Lock()
@@ -428,7 +454,7 @@ func runTraffic(ctx context.Context, db *benchDB, parts *partition.Manager, ops 
 	sweepDone := make(chan error, 1)
 	if c.sweeping {
 		loop = &sweeperLoop{started: make(chan struct{})}
-		go func() { sweepDone <- loop.run(sweepCtx, db, parts, c.pause, p) }()
+		go func() { sweepDone <- loop.run(sweepCtx, db, parts, c, p) }()
 	}
 
 	// Warm up the writers' connections and the store's lease, untimed.

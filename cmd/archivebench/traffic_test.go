@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/sweep"
 )
 
 func TestSummarize(t *testing.T) {
@@ -63,12 +65,12 @@ func TestBusyWithinClipsToTheWindow(t *testing.T) {
 
 func TestRoundOrderAlternates(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []int{0, 1, 2, 3, 4}, roundOrder(0))
-	require.Equal(t, []int{2, 1, 0, 4, 3}, roundOrder(1))
-	require.Equal(t, []int{0, 1, 2, 3, 4}, roundOrder(2))
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6}, roundOrder(0))
+	require.Equal(t, []int{3, 2, 1, 0, 6, 5, 4}, roundOrder(1))
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6}, roundOrder(2))
 	for round := range 2 {
 		order := roundOrder(round)
-		require.ElementsMatch(t, []int{0, 1, 2, 3, 4}, order, "every case runs once a round")
+		require.ElementsMatch(t, []int{0, 1, 2, 3, 4, 5, 6}, order, "every case runs once a round")
 		seenClosed := false
 		for _, i := range order {
 			if trafficCases[i].load == 0 {
@@ -84,6 +86,21 @@ func TestRoundOrderAlternates(t *testing.T) {
 		b := trafficCases[slices.IndexFunc(trafficCases, func(b trafficCase) bool { return b.name == c.baseline })]
 		require.False(t, b.sweeping, "%s is compared with a case without the sweeper", c.name)
 		require.Equal(t, c.load, b.load, "%s is compared with a case at the same load", c.name)
+	}
+	// "As deployed" is what the variables default to, and "the fixed
+	// pause alone" the same pause without the ratio.
+	for _, name := range []string{caseTrafficFixedPause, caseTrafficOpenFixedPause} {
+		c := trafficCases[slices.IndexFunc(trafficCases, func(c trafficCase) bool { return c.name == name })]
+		require.Equal(t, sweep.DefaultPause, c.pause)
+		require.Zero(t, c.pauseRatio)
+		require.Contains(t, name, "SWEEP_PAUSE_RATIO 0")
+	}
+	require.Contains(t, caseTrafficFixedPause, fmt.Sprintf("SWEEP_PAUSE %s,", sweep.DefaultPause))
+	for _, name := range []string{caseTrafficDeployed, caseTrafficOpenDeployed} {
+		c := trafficCases[slices.IndexFunc(trafficCases, func(c trafficCase) bool { return c.name == name })]
+		require.Equal(t, sweep.DefaultPause, c.pause)
+		require.Equal(t, sweep.DefaultPauseRatio, c.pauseRatio)
+		require.Contains(t, name, fmt.Sprintf("SWEEP_PAUSE %s, SWEEP_PAUSE_RATIO %g", sweep.DefaultPause, sweep.DefaultPauseRatio))
 	}
 }
 
@@ -126,7 +143,8 @@ func TestTrafficRendering(t *testing.T) {
 	t.Parallel()
 	r := report{Traffic: &trafficSection{Ops: 4, OpenLoopOps: 2, Rounds: 2, Writers: 4, Backlog: 500_000, SweepAloneRowsPerSec: 60_000, Results: []trafficResult{
 		{Case: caseTrafficAlone, Baseline: caseTrafficAlone, latency: latency{P99MS: 4}, P99VsBaseline: 1},
-		{Case: caseTrafficDeployed, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 4.8}, P99VsBaseline: 1.2, SweptRowsPerSec: 9_000, BacklogLeft: 350_000},
+		{Case: caseTrafficDeployed, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 4.8}, P99VsBaseline: 1.2, SweptRowsPerSec: 9_000, BacklogLeft: 350_000, SweepBusyPct: 21},
+		{Case: caseTrafficFixedPause, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 5.6}, P99VsBaseline: 1.4, SweptRowsPerSec: 13_000, BacklogLeft: 320_000, SweepBusyPct: 52},
 		{Case: caseTrafficFlatOut, Baseline: caseTrafficAlone, Sweeping: true, latency: latency{P99MS: 6}, P99VsBaseline: 1.5, SweptRowsPerSec: 15_000, BacklogLeft: 300_000, SweepBatches: 12, SweepBatchP95MS: 420, SweepBusyPct: 87.4},
 		{Case: caseTrafficOpenAlone, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, latency: latency{P99MS: 2}, P99VsBaseline: 1},
 		{Case: caseTrafficOpenDeployed, Baseline: caseTrafficOpenAlone, OfferedOpsPerSec: 2_400, StartLagP99MS: 0.9, Sweeping: true, latency: latency{P99MS: 2.2}, P99VsBaseline: 1.1, SweptRowsPerSec: 12_000},
@@ -142,7 +160,23 @@ func TestTrafficRendering(t *testing.T) {
 	r.targets(func(f string, a ...any) { b = fmt.Appendf(b, f, a...) })
 	require.Contains(t, string(b), "(flat out (shared/sweep, batch 10,000, no pause), closed loop), p99 of register-and-complete at most 1.25x without the sweeper: 1.50x (**not met**), 6.00 ms against 4.00 ms")
 	require.Contains(t, string(b), "1.20x (met), 4.80 ms against 4.00 ms, with the sweeper moving 9,000 rows/s")
-	require.Contains(t, string(b), "(as deployed (SWEEP_PAUSE 200ms), open loop at 2,400 ops/s), p99 of register-and-complete at most 1.25x without the sweeper: 1.10x (met), 2.20 ms against 2.00 ms, with the sweeper moving 12,000 rows/s")
+	require.Contains(t, tables, "In the closed loop, what the pause ratio changes: p99 1.20x the baseline with it against 1.40x with the fixed pause alone, the sweeper busy 21% of the time against 52% and moving 9,000 rows/s against 13,000.")
+	require.NotContains(t, tables, "At the offered load, what the pause ratio changes", "no open-loop fixed-pause case in this report")
+	require.NotContains(t, string(b), "fixed pause alone", "the targets are the deployed sweeper's and the flat-out one's")
+	require.Contains(t, string(b), "(as deployed (SWEEP_PAUSE 200ms, SWEEP_PAUSE_RATIO 3), open loop at 2,400 ops/s), p99 of register-and-complete at most 1.25x without the sweeper: 1.10x (met), 2.20 ms against 2.00 ms, with the sweeper moving 12,000 rows/s")
+}
+
+// A run recorded before the pause ratio existed is described as it ran,
+// not with today's defaults.
+func TestTrafficMethodFollowsTheRecordedSettings(t *testing.T) {
+	t.Parallel()
+	ratio := 3.0
+	now := report{Traffic: &trafficSection{DeployedPauseMS: 200, DeployedPauseRatio: &ratio}}
+	require.Contains(t, now.document(""), "As deployed, p is 200 ms (SWEEP_PAUSE's default) and r 3 (SWEEP_PAUSE_RATIO's)")
+	old := report{Traffic: &trafficSection{DeployedPauseMS: 200}}
+	doc := old.document("")
+	require.Contains(t, doc, "As deployed when this run was made, p was 200 ms (SWEEP_PAUSE's default, jittered by ±25%) and there was no pause ratio")
+	require.NotContains(t, doc, "r 3")
 }
 
 // The lookup targets name every timestamped case, the old keys' included:

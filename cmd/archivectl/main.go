@@ -50,7 +50,7 @@ commands:
   partitions [--lead-months N] [--retention-months N] [--compact-per-run N] [--dry-run]
                               ensure future partitions, retire old ones,
                               compact closed months when asked
-  sweep [--batch N] [--pause D] [--max-duration D]
+  sweep [--batch N] [--pause D] [--pause-ratio R] [--max-duration D]
                               move expired live keys into the archive
   lookup KEY [--fingerprint HEX]
                               look up one scoped key (exit 1 when not found)
@@ -269,7 +269,8 @@ func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 	cfg := e.settings.Sweep
 	fs := newFlagSet("sweep", e)
 	fs.IntVar(&cfg.BatchSize, "batch", cfg.BatchSize, "rows per batch (default 10000, at most 50000)")
-	fs.Var((*durationValue)(&cfg.Pause), "pause", "`duration` to pause between batches (default 200ms)")
+	fs.Var((*durationValue)(&cfg.Pause), "pause", "fixed `duration` to pause between batches (default 200ms; 0: none)")
+	fs.Var((*ratioValue)(&cfg.PauseRatio), "pause-ratio", "add this `multiple` of each batch's time to the pause after it, 0 to 99 (default 3; 0: none)")
 	fs.Var((*durationValue)(&cfg.MaxDuration), "max-duration", "start no batch after this `duration` (default: until drained)")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
@@ -303,6 +304,8 @@ func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 				return fmt.Errorf("--max-duration: %w", err)
 			case "Pause":
 				return fmt.Errorf("--pause: %w", err)
+			case "PauseRatio":
+				return fmt.Errorf("--pause-ratio: %w", err)
 			}
 		}
 		return err
@@ -642,7 +645,7 @@ func atLeast(fs *flag.FlagSet, name string, value, min int) error {
 // (settings.ParseDuration): a value too long to hold is out of range, and a
 // nonzero one shorter than a nanosecond is refused. Read as 0 it would mean
 // the opposite of what was asked: --max-duration 0 sweeps until drained,
-// --pause 0 never pauses.
+// --pause 0 takes no fixed pause.
 type durationValue time.Duration
 
 func (d *durationValue) Set(s string) error {
@@ -655,6 +658,21 @@ func (d *durationValue) Set(s string) error {
 }
 
 func (d *durationValue) String() string { return time.Duration(*d).String() }
+
+// ratioValue is a ratio flag read as the configuration variables are
+// (settings.ParseRatio): a plain decimal number, never silently zero.
+type ratioValue float64
+
+func (r *ratioValue) Set(s string) error {
+	v, err := settings.ParseRatio(s)
+	if err != nil {
+		return err
+	}
+	*r = ratioValue(v)
+	return nil
+}
+
+func (r *ratioValue) String() string { return strconv.FormatFloat(float64(*r), 'g', -1, 64) }
 
 func parseTime(flagName, v string) (time.Time, error) {
 	if v == "" {

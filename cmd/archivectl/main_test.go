@@ -186,6 +186,13 @@ func TestBadInputIsOneClearLine(t *testing.T) {
 		{"emit-metrics not a boolean", nil, []string{"lookup", "--emit-metrics=maybe", "k"}, "invalid boolean value"},
 		{"query bad cursor", nil, []string{"query", "--scope-prefix", "idem:", "--created-from", "2026-01-01T00:00:00Z", "--created-to", "2026-02-01T00:00:00Z", "--cursor", "%%%"}, "invalid cursor"},
 		{"bad env duration", map[string]string{"SWEEP_PAUSE": "soon"}, []string{"sweep"}, `SWEEP_PAUSE: not a duration`},
+		{"bad env pause ratio", map[string]string{"SWEEP_PAUSE_RATIO": "NaN"}, []string{"sweep"}, `SWEEP_PAUSE_RATIO: not a decimal number: "NaN"`},
+		{"pause ratio out of range", nil, []string{"sweep", "--pause-ratio", "100"}, "--pause-ratio: sweep pause ratio must be between 0 (none) and 99, got 100"},
+		{"pause ratio NaN", nil, []string{"sweep", "--pause-ratio", "NaN"}, `invalid value "NaN" for flag -pause-ratio: not a decimal number`},
+		{"negative pause ratio", nil, []string{"sweep", "--pause-ratio", "-2"}, "--pause-ratio: sweep pause ratio must be between 0 (none) and 99, got -2"},
+		{"pause ratio not a number", nil, []string{"sweep", "--pause-ratio", "lots"}, `invalid value "lots" for flag -pause-ratio: not a decimal number`},
+		{"pause ratio in hex", nil, []string{"sweep", "--pause-ratio", "0x1p2"}, `invalid value "0x1p2" for flag -pause-ratio: not a decimal number`},
+		{"pause ratio too small to hold", nil, []string{"sweep", "--pause-ratio", "1e-400"}, `invalid value "1e-400" for flag -pause-ratio: is not 0 but too small to hold`},
 		{"bad env mode", map[string]string{"SWEEP_MISSING_PARTITION": "maybe"}, []string{"sweep"}, `SWEEP_MISSING_PARTITION: want create or fail`},
 		{"no database", map[string]string{"DATABASE_URL": ""}, []string{"verify"}, "set DATABASE_URL"},
 		{"database URL with password is not echoed", map[string]string{"DATABASE_URL": "postgres://u:s3cret@[::1"}, []string{"verify"}, "not a valid PostgreSQL connection string"},
@@ -338,8 +345,15 @@ func TestAnInterruptedSweepIsAnErrorWhereverItLands(t *testing.T) {
 		}
 		return ""
 	}
-	// A long pause: the cancel lands while the sweep sleeps after batch 1.
-	go func() { time.Sleep(500 * time.Millisecond); cancel() }()
+	// A long pause: the cancel lands while the sweep sleeps after batch 1,
+	// once that batch has committed (however slow a loaded machine makes it).
+	go func() {
+		defer cancel()
+		for n := 0; ctx.Err() == nil && n == 0; time.Sleep(20 * time.Millisecond) {
+			_ = db.Pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_key_archive").Scan(&n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}()
 	code := run(ctx, []string{"sweep", "--batch", "1", "--pause", "10m"}, &out, &errb, getenv)
 	require.Equal(t, exitError, code, errb.String())
 	require.Contains(t, errb.String(), "sweep canceled after 1 batches")
@@ -482,7 +496,7 @@ func TestASweepKilledWithSIGKILLLosesNothing(t *testing.T) {
 	// None of the killed batches left anything half-moved.
 	require.EqualValues(t, total, left+dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 
-	r := cli(t, db, nil, "sweep", "--pause", "0s")
+	r := cli(t, db, nil, "sweep", "--pause", "0s", "--pause-ratio", "0")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_keys"))
 	require.EqualValues(t, total, dbtest.Count(t, db.Pool, "SELECT count(DISTINCT scoped_key) FROM idempotency_key_archive"), "none lost")

@@ -26,9 +26,10 @@ type handler struct {
 
 // options may override the configured sweep for one invocation.
 type options struct {
-	BatchSize   *int   `json:"batch_size,omitempty"`
-	Pause       string `json:"pause,omitempty"`
-	MaxDuration string `json:"max_duration,omitempty"`
+	BatchSize   *int     `json:"batch_size,omitempty"`
+	Pause       string   `json:"pause,omitempty"`
+	PauseRatio  *float64 `json:"pause_ratio,omitempty"`
+	MaxDuration string   `json:"max_duration,omitempty"`
 }
 
 // Handle runs sweep batches until drained or until the remaining invocation
@@ -56,6 +57,9 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 	if cfg.Pause, err = durationOption("pause", opts.Pause, cfg.Pause); err != nil {
 		return sweep.Result{}, err
 	}
+	if opts.PauseRatio != nil {
+		cfg.PauseRatio = *opts.PauseRatio // checked with the rest by sweep.New
+	}
 	if cfg.MaxDuration, err = durationOption("max_duration", opts.MaxDuration, cfg.MaxDuration); err != nil {
 		return sweep.Result{}, err
 	}
@@ -79,6 +83,8 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 			switch {
 			case ce.Field == "Pause" && opts.Pause != "":
 				return sweep.Result{}, fmt.Errorf("invalid options: pause: %w", err)
+			case ce.Field == "PauseRatio" && opts.PauseRatio != nil:
+				return sweep.Result{}, fmt.Errorf("invalid options: pause_ratio: %w", err)
 			case ce.Field == "MaxDuration" && opts.MaxDuration != "":
 				return sweep.Result{}, fmt.Errorf("invalid options: max_duration: %w", err)
 			}

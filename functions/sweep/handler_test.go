@@ -58,7 +58,7 @@ func TestScheduledSweepDrains(t *testing.T) {
 func TestDirectOverrides(t *testing.T) {
 	t.Parallel()
 	_, h, _ := setup(t, 7)
-	out, err := h.Invoke(testenv.Invocation("req-2"), []byte(`{"batch_size": 2, "pause": "1ms"}`))
+	out, err := h.Invoke(testenv.Invocation("req-2"), []byte(`{"batch_size": 2, "pause": "1ms", "pause_ratio": 0}`))
 	require.NoError(t, err)
 	var s summary
 	require.NoError(t, json.Unmarshal(out, &s))
@@ -108,9 +108,13 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		`{"batchsize": 10}`:     `unknown field "batchsize"`,
 		`{"detail-type": "Scheduled Event", "detail": {"max_duration": 5}}`: "invalid options",
 		`[1, 2]`:                  "payload is not a JSON object",
-		`{"pause": "-1s"}`:        "invalid options: pause: sweep pause must be 0 (no pause) or between 1ms",
-		`{"pause": "2562047h"}`:   "invalid options: pause: sweep pause must be 0 (no pause) or between 1ms",
+		`{"pause": "-1s"}`:        "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",
+		`{"pause": "2562047h"}`:   "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",
 		`{"max_duration": "-5s"}`: "invalid options: max_duration: sweep max duration must not be negative",
+		`{"pause_ratio": -1}`:     "invalid options: pause_ratio: sweep pause ratio must be between 0 (none) and 99, got -1",
+		`{"pause_ratio": 1e3}`:    "invalid options: pause_ratio: sweep pause ratio must be between 0 (none) and 99, got 1000",
+		`{"pause_ratio": "3"}`:    "invalid options",
+		`{"pause_ratio": 1e999}`:  "invalid options",
 	} {
 		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
 		require.ErrorContains(t, err, want, payload)

@@ -1,10 +1,13 @@
 package stack
 
 import (
+	"math"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/sweep"
 )
 
 // Every function setting an alarm or an error tells the operator to change
@@ -15,6 +18,7 @@ func TestFunctionSettingsPropsReachTheFunctions(t *testing.T) {
 	// GIVEN every function setting set, the zero-meaning ones to zero
 	b := setup(t, func(p *Props) {
 		p.SweepPause = new(time.Duration(0))
+		p.SweepPauseRatio = new(0.0)
 		p.SweepInFlightGrace = new(time.Duration(0))
 		p.SweepStatementTimeout = 45 * time.Second
 		p.SweepLockTimeout = 3 * time.Second
@@ -25,7 +29,7 @@ func TestFunctionSettingsPropsReachTheFunctions(t *testing.T) {
 		p.PartitionCompactPerRun = new(0)
 	})
 	want := map[string]string{
-		"SWEEP_PAUSE": "0s", "SWEEP_IN_FLIGHT_GRACE": "0s", "SWEEP_STATEMENT_TIMEOUT": "45s", "SWEEP_LOCK_TIMEOUT": "3s",
+		"SWEEP_PAUSE": "0s", "SWEEP_PAUSE_RATIO": "0", "SWEEP_IN_FLIGHT_GRACE": "0s", "SWEEP_STATEMENT_TIMEOUT": "45s", "SWEEP_LOCK_TIMEOUT": "3s",
 		"SWEEP_DEADLINE_MARGIN": "50s", "SWEEP_RESOURCE_ID_PATH": "data.charge.id", "PARTITION_STATEMENT_TIMEOUT": "4m0s",
 		"PARTITION_LOCK_TIMEOUT": "10s", "PARTITION_COMPACT_PER_RUN": "0",
 	}
@@ -92,6 +96,10 @@ func TestFunctionSettingsPropsAreValidatedAtSynth(t *testing.T) {
 		}, "SWEEP_DEADLINE_MARGIN"},
 		"negative pause":                         {func(p *Props) { p.SweepPause = new(-time.Second) }, "SWEEP_PAUSE"},
 		"pause under a millisecond":              {func(p *Props) { p.SweepPause = new(time.Microsecond) }, "SWEEP_PAUSE"},
+		"pause ratio past its maximum":           {func(p *Props) { p.SweepPauseRatio = new(99.5) }, "SWEEP_PAUSE_RATIO"},
+		"negative pause ratio":                   {func(p *Props) { p.SweepPauseRatio = new(-1.0) }, "SWEEP_PAUSE_RATIO"},
+		"NaN pause ratio":                        {func(p *Props) { p.SweepPauseRatio = new(math.NaN()) }, "SWEEP_PAUSE_RATIO"},
+		"largest pause ratio":                    {func(p *Props) { p.SweepPauseRatio = new(sweep.MaxPauseRatio) }, ""},
 		"grace over a day":                       {func(p *Props) { p.SweepInFlightGrace = new(25 * time.Hour) }, "SWEEP_IN_FLIGHT_GRACE"},
 		"negative statement timeout":             {func(p *Props) { p.SweepStatementTimeout = -time.Second }, "SWEEP_STATEMENT_TIMEOUT"},
 		"compaction past its maximum":            {func(p *Props) { p.PartitionCompactPerRun = new(25) }, "PARTITION_COMPACT_PER_RUN"},

@@ -317,7 +317,7 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 	alarm("sweep-duration", fns.Sweep.MetricDuration(&awscloudwatch.MetricOptions{Period: minutes(15), Statistic: jsii.String("Maximum")}), m.Notify,
 		&awscloudwatch.CreateAlarmOptions{
 			AlarmDescription: jsii.String("A sweep ran until close to its deadline margin, where it stops starting batches: the backlog outgrows what one run moves. " +
-				"What to do: raise SweepBatchSize or lower SweepPause, or look for slow batches (lock waits, batch_timeouts) in its logs."),
+				"What to do: raise SweepBatchSize or lower SweepPause or SweepPauseRatio, or look for slow batches (lock waits, batch_timeouts) in its logs."),
 			Threshold:          jsii.Number(DurationNearTimeout * windowMs),
 			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 			EvaluationPeriods:  jsii.Number(1),
@@ -413,7 +413,7 @@ func databaseAlarms(db *Database, alarm alarmFunc, m *Monitoring) {
 	}
 	alarm("db-busy", db.Metric(busy, "Average", five), m.Notify, &awscloudwatch.CreateAlarmOptions{
 		AlarmDescription: jsii.String(fmt.Sprintf("The database's %s has been over %d%% for 15 minutes: lookups on the payment path slow down with it. "+
-			"What to do: check the sweep's pace (SweepPause, SweepBatchSize) and Performance Insights for the heaviest queries; move to a larger instance class or raise AuroraMaxCapacity.", what, DatabaseBusyPercent)),
+			"What to do: check the sweep's pace (SweepPause, SweepPauseRatio, SweepBatchSize: a higher ratio makes it yield more) and Performance Insights for the heaviest queries; move to a larger instance class or raise AuroraMaxCapacity.", what, DatabaseBusyPercent)),
 		Threshold:          jsii.Number(DatabaseBusyPercent),
 		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 		EvaluationPeriods:  jsii.Number(3),

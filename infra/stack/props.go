@@ -51,8 +51,13 @@ type Props struct {
 	// (SWEEP_BATCH_SIZE). Default 10000.
 	SweepBatchSize int
 	// SweepPause is the pause between sweep batches (SWEEP_PAUSE). Nil: the
-	// function's default (200ms); zero: no pause.
+	// function's default (200ms); zero: no fixed pause (SweepPauseRatio
+	// still applies).
 	SweepPause *time.Duration
+	// SweepPauseRatio adds that multiple of each batch's time to the pause
+	// after it (SWEEP_PAUSE_RATIO), so the sweeper is busy at most
+	// 1/(1+ratio) of a run. Nil: the function's default (3); zero: none.
+	SweepPauseRatio *float64
 	// SweepInFlightGrace is how long past its expiry a key still in flight
 	// stays live (SWEEP_IN_FLIGHT_GRACE). Nil: the function's default (15m);
 	// zero: none.
@@ -361,6 +366,9 @@ func (p Props) settingsEnv() map[string]string {
 	// grace, no compaction).
 	if p.SweepPause != nil {
 		env["SWEEP_PAUSE"] = p.SweepPause.String()
+	}
+	if p.SweepPauseRatio != nil {
+		env["SWEEP_PAUSE_RATIO"] = strconv.FormatFloat(*p.SweepPauseRatio, 'g', -1, 64)
 	}
 	if p.SweepInFlightGrace != nil {
 		env["SWEEP_IN_FLIGHT_GRACE"] = p.SweepInFlightGrace.String()

@@ -90,7 +90,7 @@ func TestOutOfRangeAndVanishingValues(t *testing.T) {
 		{"SWEEP_STATEMENT_TIMEOUT", "9223372036854775807s", "SWEEP_STATEMENT_TIMEOUT: out of range"},
 		{"LIVE_TTL", "3000000h", "LIVE_TTL: out of range"},
 		{"SWEEP_PAUSE", "0.0000001ms", "SWEEP_PAUSE: is not 0 but shorter than a nanosecond"},
-		{"SWEEP_PAUSE", "500us", "SWEEP_PAUSE: must be 0 (no pause) or at least 1ms"},
+		{"SWEEP_PAUSE", "500us", "SWEEP_PAUSE: must be 0 (no fixed pause) or at least 1ms"},
 		{"CLOCK_SKEW", "0.1ns", "CLOCK_SKEW: is not 0 but shorter than a nanosecond"},
 		{"SWEEP_IN_FLIGHT_GRACE", "0.0001ns", "SWEEP_IN_FLIGHT_GRACE: is not 0 but shorter than a nanosecond"},
 		{"SWEEP_BATCH_SIZE", "12abc", "SWEEP_BATCH_SIZE: not a whole number"},

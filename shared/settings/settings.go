@@ -11,6 +11,7 @@ package settings
 import (
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -72,7 +73,8 @@ var Variables = []Variable{
 	{"ARCHIVE_STATEMENT_TIMEOUT", "3s", "statement_timeout of each archive lookup and investigation query, shortened to end before the invocation's deadline; whole milliseconds, 1ms to 15m"},
 	{"CLOCK_SKEW", "5m", "how far ahead of the store's clock a ULID/UUIDv7 key's timestamp may lie; 0 to 1h, whole milliseconds, 0 allows none; a key further ahead is answered from the archive or refused with 400"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
-	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 or 1ms to 15m; 0 means no pause"},
+	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 or 1ms to 15m; 0 means no fixed pause (SWEEP_PAUSE_RATIO still applies: set both to 0 to run flat out)"},
+	{"SWEEP_PAUSE_RATIO", "3", "adds this multiple of each batch's time to the pause after it, so the sweeper is busy at most 1/(1+ratio) of the time however slow load makes its batches; a decimal number, 0 to 99; 0 means none (SWEEP_PAUSE alone)"},
 	{"SWEEP_IN_FLIGHT_GRACE", "15m", "how long past its expiry a key still in flight stays live before it is archived as expired in flight, 0 to 24h; 0 means none"},
 	{"SWEEP_LOCK_TIMEOUT", "2s, or half SWEEP_STATEMENT_TIMEOUT when less", "lock_timeout of each batch; whole milliseconds, 1ms to 15m, shorter than SWEEP_STATEMENT_TIMEOUT (a lock wait must not look like a slow batch)"},
 	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 2ms (the lock timeout must be shorter) to 14m59.999s (at most the deadline margin, which is under 15m)"},
@@ -115,6 +117,7 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 		Sweep: sweep.Config{
 			BatchSize:        r.positiveInt("SWEEP_BATCH_SIZE"),
 			Pause:            r.pause("SWEEP_PAUSE", sweep.DefaultPause),
+			PauseRatio:       r.ratioOr("SWEEP_PAUSE_RATIO", sweep.DefaultPauseRatio),
 			InFlightGrace:    r.durationOr("SWEEP_IN_FLIGHT_GRACE", sweep.DefaultInFlightGrace),
 			LockTimeout:      r.positiveDuration("SWEEP_LOCK_TIMEOUT"),
 			StatementTimeout: r.positiveDuration("SWEEP_STATEMENT_TIMEOUT"),
@@ -256,6 +259,8 @@ func sweepVariable(err error) string {
 		switch ce.Field {
 		case "Pause":
 			return "SWEEP_PAUSE"
+		case "PauseRatio":
+			return "SWEEP_PAUSE_RATIO"
 		case "InFlightGrace":
 			return "SWEEP_IN_FLIGHT_GRACE"
 		case "BatchSize":
@@ -377,6 +382,43 @@ func (r *reader) positiveDuration(name string) time.Duration {
 	return d
 }
 
+// ratioOr reads a ratio (ParseRatio), def when unset; its range is the
+// component's to check.
+func (r *reader) ratioOr(name string, def float64) float64 {
+	v := r.getenv(name)
+	if v == "" {
+		return def
+	}
+	f, err := ParseRatio(v)
+	if err != nil {
+		r.fail(name, err)
+	}
+	return f
+}
+
+// plainDecimal is a number as the documentation writes one: digits with
+// an optional sign, point and exponent; no hex, no underscores.
+var plainDecimal = regexp.MustCompile(`^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$`)
+
+// ParseRatio reads a ratio as every setting and flag of the project does: a
+// plain decimal number ("3", "0.5", "1e1"), finite, never silently zero (a
+// nonzero value too small for a float64, "1e-400", is refused rather than
+// read as none). Hex ("0x1p2"), underscores ("1_0"), NaN and Inf, which
+// strconv reads, are refused. Its range is the caller's to check.
+func ParseRatio(v string) (float64, error) {
+	if !plainDecimal.MatchString(v) {
+		return 0, errors.New("not a decimal number: " + strconv.Quote(v))
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsInf(f, 0) {
+		return 0, errors.New("out of range: " + strconv.Quote(v))
+	}
+	if mantissa, _, _ := strings.Cut(strings.ToLower(v), "e"); f == 0 && strings.ContainsAny(mantissa, "123456789") {
+		return 0, errors.New("is not 0 but too small to hold: " + strconv.Quote(v))
+	}
+	return f, nil
+}
+
 // durationOr is duration for a variable whose zero is meaningful: the
 // default applies only when the variable is unset, so "0" stays 0.
 func (r *reader) durationOr(name string, def time.Duration) time.Duration {
@@ -431,13 +473,13 @@ func (r *reader) wholeMilliseconds(read func(string) time.Duration, name string)
 	return d
 }
 
-// pause is durationOr for SWEEP_PAUSE: 0 is no pause, and a pause under a
+// pause is durationOr for SWEEP_PAUSE: 0 is no fixed pause, and a pause under a
 // millisecond (600µs, 0.5ms: a slip of the unit, next to database round
 // trips of a millisecond or more) is refused rather than kept or read as 0.
 func (r *reader) pause(name string, def time.Duration) time.Duration {
 	d := r.durationOr(name, def)
 	if d > 0 && d < time.Millisecond && r.err == nil {
-		r.fail(name, fmt.Errorf("must be 0 (no pause) or at least 1ms, got %s", d))
+		r.fail(name, fmt.Errorf("must be 0 (no fixed pause) or at least 1ms, got %s", d))
 	}
 	return d
 }

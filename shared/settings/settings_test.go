@@ -49,6 +49,39 @@ func TestZeroPauseStaysZero(t *testing.T) {
 	}
 }
 
+// SWEEP_PAUSE_RATIO: a finite decimal number from 0 (none, honoured) to
+// 99; unset is the default, 3.
+func TestSweepPauseRatio(t *testing.T) {
+	for value, want := range map[string]float64{"": 3, "0": 0, "0.5": 0.5, " 7 ": 7, "99": 99, "1e1": 10, "+2": 2, ".5": 0.5, "3.": 3, "0.0e-9": 0, "0.5e-99": 0.5e-99} {
+		s, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "SWEEP_PAUSE_RATIO": value}))
+		if err != nil {
+			t.Fatalf("SWEEP_PAUSE_RATIO=%q: %v", value, err)
+		}
+		if got := s.Sweep.WithDefaults().PauseRatio; got != want {
+			t.Errorf("SWEEP_PAUSE_RATIO=%q is %g, want %g", value, got, want)
+		}
+	}
+	for value, msg := range map[string]string{
+		"NaN":    "not a decimal number",
+		"inf":    "not a decimal number",
+		"three":  "not a decimal number",
+		"3x":     "not a decimal number",
+		"0x1p2":  "not a decimal number",
+		"1_0":    "not a decimal number",
+		"3,5":    "not a decimal number",
+		"1e999":  "out of range",
+		"1e-400": "is not 0 but too small to hold",
+		"-1":     "between 0 (none) and 99",
+		"99.5":   "between 0 (none) and 99",
+		"1e2":    "between 0 (none) and 99",
+	} {
+		_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "SWEEP_PAUSE_RATIO": value}))
+		if err == nil || !strings.HasPrefix(err.Error(), "SWEEP_PAUSE_RATIO: ") || !strings.Contains(err.Error(), msg) {
+			t.Errorf("SWEEP_PAUSE_RATIO=%q: got %v, want an error naming it that says %q", value, err, msg)
+		}
+	}
+}
+
 func TestErrorsNameTheVariable(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://u@localhost/db"}
 	cases := map[string]string{
@@ -193,6 +226,7 @@ func TestPartitionRetentionIsBounded(t *testing.T) {
 		"SWEEP_STATEMENT_TIMEOUT":     "1500us",
 		"SWEEP_DEADLINE_MARGIN":       "15m",
 		"SWEEP_PAUSE":                 "-1s",
+		"SWEEP_PAUSE_RATIO":           "100",
 		"PARTITION_LOCK_TIMEOUT":      "1500us",
 		"PARTITION_STATEMENT_TIMEOUT": "16m",
 	} {

@@ -12,7 +12,9 @@
 // missed by the ctid and stays live, unarchived, for the next batch (see
 // batch.sql). So a batch may move fewer rows than it claimed, never a row
 // without its archive row. Between batches the sweeper pauses (with
-// jitter) to yield to request traffic, and it stops when a batch comes back
+// jitter) to yield to request traffic, for a fixed time plus a multiple of
+// the batch's own (Config.PauseRatio), so that it yields more as load slows
+// it; and it stops when a batch comes back
 // short (drained), when MaxDuration has passed, or when the context deadline
 // is closer than DeadlineMargin, reporting how far it got.
 //
@@ -133,6 +135,15 @@ const MaxInFlightGrace = 24 * time.Hour
 // DefaultPause is the pause between batches when none is configured.
 const DefaultPause = 200 * time.Millisecond
 
+// DefaultPauseRatio is what SWEEP_PAUSE_RATIO and the --pause-ratio flag
+// default to: after a batch that took t the sweeper waits Pause + 3t, so it
+// works about a quarter of the time at most, however slow the database has
+// made its batches.
+const DefaultPauseRatio = 3.0
+
+// MaxPauseRatio bounds Config.PauseRatio: a sweeper busy 1% of the time.
+const MaxPauseRatio = 99.0
+
 // MinStatementTimeout is the shortest StatementTimeout Validate accepts:
 // the lock timeout, at least 1ms, must be shorter.
 const MinStatementTimeout = 2 * time.Millisecond
@@ -152,13 +163,26 @@ const MaxInvocation = database.MaxTimeout
 type Config struct {
 	// BatchSize is the most rows one batch moves. Default 10,000; 1 to 50,000.
 	BatchSize int
-	// Pause is the wait between batches, jittered by ±25%, 0 or 1ms to
-	// MaxInvocation (a nonzero pause under a millisecond is refused, not
-	// read as none). Zero means no pause: zero is never replaced by a
-	// default, so a sweep asked to run flat out does. DefaultPause (200ms)
+	// Pause is the fixed wait between batches, jittered by ±25%, 0 or 1ms
+	// to MaxInvocation (a nonzero pause under a millisecond is refused, not
+	// read as none). Zero means no fixed pause: zero is never replaced by
+	// a default, so a sweep asked to run flat out (PauseRatio 0 too) does. DefaultPause (200ms)
 	// is what the SWEEP_PAUSE variable and the --pause flag default to. A
 	// pause never runs past the deadline margin or MaxDuration.
 	Pause time.Duration
+	// PauseRatio lengthens each pause by that multiple of the time worked
+	// since the last one (the batch's attempts and retries, and any attempt
+	// before them that ran past StatementTimeout): the wait is Pause +
+	// PauseRatio × that time, jittered by ±25% as a whole. A fixed pause
+	// yields least when traffic needs it most, as a loaded database makes
+	// every batch slower; with a ratio the sweeper works at most about
+	// 1/(1+PauseRatio) of the run (a quarter at DefaultPauseRatio; the
+	// jitter evens out over batches), whatever the load. 0 to
+	// MaxPauseRatio; zero means none: the pause is Pause alone, and with
+	// Pause 0 the sweep runs flat out. DefaultPauseRatio is what
+	// SWEEP_PAUSE_RATIO and --pause-ratio default to. Like Pause, it never
+	// sleeps past the deadline margin or MaxDuration.
+	PauseRatio float64
 	// LockTimeout bounds each wait for a lock inside a batch (lock_timeout).
 	// It must be shorter than StatementTimeout. Default 2s, or half the
 	// statement timeout when that is less (at least 1ms); a whole number
@@ -293,7 +317,7 @@ func (c Config) WithDefaults() Config {
 // ConfigError is a Config.Validate error about one field, so that a caller can
 // name the field its own way (an environment variable, a flag, a payload key).
 type ConfigError struct {
-	// Field is the Config field: Pause, BatchSize, LockTimeout, StatementTimeout,
+	// Field is the Config field: Pause, PauseRatio, BatchSize, LockTimeout, StatementTimeout,
 	// DeadlineMargin, MaxDuration, BacklogCap or ResourceIDPath.
 	Field string
 	Msg   string
@@ -308,7 +332,11 @@ func (c Config) Validate() error {
 		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	if c.Pause < 0 || c.Pause > MaxInvocation || (c.Pause > 0 && c.Pause < time.Millisecond) {
-		return bad("Pause", "sweep pause must be 0 (no pause) or between 1ms and %s, got %s", MaxInvocation, c.Pause)
+		return bad("Pause", "sweep pause must be 0 (no fixed pause) or between 1ms and %s, got %s", MaxInvocation, c.Pause)
+	}
+	// Written so that NaN, which fails every comparison, is refused too.
+	if !(c.PauseRatio >= 0 && c.PauseRatio <= MaxPauseRatio) {
+		return bad("PauseRatio", "sweep pause ratio must be between 0 (none) and %g, got %g", MaxPauseRatio, c.PauseRatio)
 	}
 	if c.InFlightGrace < 0 || c.InFlightGrace > MaxInFlightGrace || c.InFlightGrace%time.Millisecond != 0 {
 		return bad("InFlightGrace", "sweep in-flight grace must be whole milliseconds between 0 (none) and %s, got %s", MaxInFlightGrace, c.InFlightGrace)
@@ -607,7 +635,12 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		s.metrics.Emit(values...)
 	}()
 
-	var batchStart time.Time   // when the batch being tried began, its retries included
+	var batchStart time.Time // when the batch being tried began, its retries included
+	// worked is when the sweeper last started working after a pause (or
+	// the run's start): the pause ratio's base, which, unlike a batch's
+	// own time, keeps the attempts that ran past the statement timeout,
+	// the database's busiest moments.
+	worked := time.Now()
 	raced := 0                 // consecutive batches whose missing partition appeared meanwhile
 	safe := s.conflicts.safe() // whether batches insert with the conflict clause
 	cuts := s.batches.cutsNow()
@@ -698,11 +731,12 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			res.Stopped = StoppedDrained
 			return res, nil
 		}
-		if s.cfg.Pause > 0 {
-			if err := s.sleep(ctx, s.pauseFor(ctx, start)); err != nil {
+		if s.cfg.Pause > 0 || s.cfg.PauseRatio > 0 {
+			if err := s.sleep(ctx, s.pauseFor(ctx, start, time.Since(worked))); err != nil {
 				res.Stopped = StoppedCanceled
 				return res, canceled(ctx, res)
 			}
+			worked = time.Now()
 		}
 	}
 }
@@ -716,11 +750,12 @@ func canceled(ctx context.Context, res Result) error {
 	return fmt.Errorf("%w after %d batches (%d rows moved): %w", ErrCanceled, res.Batches, res.Moved, context.Cause(ctx))
 }
 
-// pauseFor is the jittered pause, cut short so that it ends when the
-// deadline margin or MaxDuration would stop the run: a long pause never
-// sleeps into the deadline. The loop's shouldStop then says why it stopped.
-func (s *Sweeper) pauseFor(ctx context.Context, start time.Time) time.Duration {
-	d := jitter(s.cfg.Pause)
+// pauseFor is the jittered pause after working for worked, cut short
+// so that it ends when the deadline margin or MaxDuration would stop the
+// run: a long pause never sleeps into the deadline. The loop's shouldStop
+// then says why it stopped.
+func (s *Sweeper) pauseFor(ctx context.Context, start time.Time, worked time.Duration) time.Duration {
+	d := jitter(pauseAfter(s.cfg.Pause, s.cfg.PauseRatio, worked))
 	if deadline, ok := ctx.Deadline(); ok {
 		d = min(d, max(0, time.Until(deadline)-s.cfg.DeadlineMargin))
 	}
@@ -911,6 +946,18 @@ func pgMillis(d time.Duration) string {
 		ms++
 	}
 	return strconv.FormatInt(ms, 10) + "ms"
+}
+
+// pauseAfter is the pause before jitter: pause + ratio × took, at most
+// MaxInvocation (the product of a long batch and a large ratio must not
+// overflow; pauseFor cuts the jittered pause at the deadline margin and
+// MaxDuration).
+func pauseAfter(pause time.Duration, ratio float64, took time.Duration) time.Duration {
+	extra := ratio * float64(max(took, 0))
+	if extra >= float64(MaxInvocation) {
+		return MaxInvocation
+	}
+	return min(pause+time.Duration(extra), MaxInvocation)
 }
 
 func jitter(d time.Duration) time.Duration {

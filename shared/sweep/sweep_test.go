@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -402,6 +403,39 @@ func TestZeroPauseMeansNoPause(t *testing.T) {
 	}
 }
 
+// With a pause ratio, each pause grows with the batch before it: Pause +
+// PauseRatio × the batch's own time, jittered by ±25%, so that a sweeper
+// whose batches a loaded database slows yields in proportion. Only the
+// relation between two figures of the same run is checked, never a time.
+func TestThePauseRatioScalesEachPauseWithItsBatch(t *testing.T) {
+	t.Parallel()
+	require.Zero(t, sweep.Config{}.WithDefaults().PauseRatio, "an unset ratio must stay zero: none")
+	b := setup(t)
+	for _, c := range []struct {
+		pause time.Duration
+		ratio float64
+	}{{0, 3}, {10 * time.Millisecond, 2}, {0, sweep.MaxPauseRatio}} {
+		for i := range 4 {
+			dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("r%g-%d", c.ratio, i), Status: 200, ExpiresAt: time.Now().Add(-time.Hour)})
+		}
+		var took []time.Duration
+		s, err := sweep.New(b.db.Pool, sweep.Config{BatchSize: 1, Pause: c.pause, PauseRatio: c.ratio,
+			OnBatch: func(p sweep.Progress) { took = append(took, p.Took) }}, nil, nil)
+		require.NoError(t, err)
+		var slept []time.Duration
+		s.SetSleep(func(_ context.Context, d time.Duration) error { slept = append(slept, d); return nil })
+		res, err := s.Run(context.Background())
+		require.NoError(t, err)
+		require.EqualValues(t, 4, res.Moved)
+		require.Len(t, slept, 4, "a pause after every full batch (the fifth finds nothing)")
+		for i, d := range slept {
+			want := float64(c.pause) + c.ratio*float64(took[i])
+			require.GreaterOrEqual(t, float64(d), 0.75*want-1, "pause %d: %s after a batch of %s (pause %s, ratio %g)", i, d, took[i], c.pause, c.ratio)
+			require.LessOrEqual(t, float64(d), 1.25*want+1, "pause %d: %s after a batch of %s (pause %s, ratio %g)", i, d, took[i], c.pause, c.ratio)
+		}
+	}
+}
+
 func TestStopsBeforeTheDeadlineAndAfterMaxDuration(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -494,6 +528,11 @@ func TestConfigValidation(t *testing.T) {
 		{sweep.Config{Pause: sweep.MaxInvocation + 1}, "Pause"},
 		{sweep.Config{Pause: 100 * time.Nanosecond}, "Pause"},
 		{sweep.Config{Pause: time.Millisecond - 1}, "Pause"},
+		{sweep.Config{PauseRatio: -0.5}, "PauseRatio"},
+		{sweep.Config{PauseRatio: sweep.MaxPauseRatio + 0.001}, "PauseRatio"},
+		{sweep.Config{PauseRatio: math.NaN()}, "PauseRatio"},
+		{sweep.Config{PauseRatio: math.Inf(1)}, "PauseRatio"},
+		{sweep.Config{PauseRatio: math.Inf(-1)}, "PauseRatio"},
 		{sweep.Config{StatementTimeout: 1<<63 - 1}, "StatementTimeout"},
 		{sweep.Config{LockTimeout: 30 * time.Second}, "LockTimeout"},
 		{sweep.Config{LockTimeout: time.Second, StatementTimeout: time.Second}, "LockTimeout"},

@@ -209,3 +209,34 @@ func TestTheMemoryKeepsCutsNotASize(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 16, res.BatchSize, "64 cut once")
 }
+
+// The pause ratio's base is the time worked since the last pause: attempts
+// that ran past the statement timeout, the database's busiest moments, are
+// in it, though a batch's own time (Progress.Took) leaves them out. So the
+// sweeper does not work most of the time exactly when batches time out.
+func TestThePauseAfterTimedOutAttemptsCountsThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// 64 rows take 600 ms and 16 take 480 ms: both past 300 ms. 4 take 120 ms.
+	slowRows(t, b, "busy", 20, 30*time.Millisecond)
+	const timeout = 300 * time.Millisecond
+	var took []time.Duration
+	s := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 64, StatementTimeout: timeout, PauseRatio: 3,
+		OnBatch: func(p sweep.Progress) { took = append(took, p.Took) }}, nil, nil)
+	var slept []time.Duration
+	s.SetSleep(func(_ context.Context, d time.Duration) error { slept = append(slept, d); return nil })
+	res, err := s.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, res.BatchTimeouts)
+	require.EqualValues(t, 20, res.Moved)
+	require.NotEmpty(t, slept)
+	require.Less(t, took[0], timeout, "the first batch's own time leaves out the attempts before it")
+	// Two attempts of at least the statement timeout each, then the batch,
+	// times 3, less the jitter's quarter.
+	require.GreaterOrEqual(t, slept[0], time.Duration(0.75*3*float64(2*timeout+took[0])),
+		"the first pause (%s) left out the timed-out attempts", slept[0])
+	// The later pauses do not count those attempts again.
+	for i := 1; i < len(slept); i++ {
+		require.Less(t, slept[i], time.Duration(0.75*3*float64(2*timeout)), "pause %d after a batch of %s", i, took[i])
+	}
+}
