@@ -270,7 +270,7 @@ func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 	fs := newFlagSet("sweep", e)
 	fs.IntVar(&cfg.BatchSize, "batch", cfg.BatchSize, "rows per batch (default 10000, at most 50000)")
 	fs.Var((*durationValue)(&cfg.Pause), "pause", "fixed `duration` to pause between batches (default 200ms; 0: none)")
-	fs.Var((*ratioValue)(&cfg.PauseRatio), "pause-ratio", "add this `multiple` of each batch's time to the pause after it, 0 to 99 (default 3; 0: none)")
+	fs.Var((*ratioValue)(&cfg.PauseRatio), "pause-ratio", "add this `multiple` of the time worked since the last pause to the pause after it, 0 to 99 (default 3; 0: none)")
 	fs.Var((*durationValue)(&cfg.MaxDuration), "max-duration", "start no batch after this `duration` (default: until drained)")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err

@@ -54,9 +54,10 @@ type Props struct {
 	// function's default (200ms); zero: no fixed pause (SweepPauseRatio
 	// still applies).
 	SweepPause *time.Duration
-	// SweepPauseRatio adds that multiple of each batch's time to the pause
-	// after it (SWEEP_PAUSE_RATIO), so the sweeper is busy at most
-	// 1/(1+ratio) of a run. Nil: the function's default (3); zero: none.
+	// SweepPauseRatio adds that multiple of the time worked since the last
+	// pause to the pause after it (SWEEP_PAUSE_RATIO), so the sweeper works
+	// at most about 1/(1+ratio) of a run. Nil: the function's default (3);
+	// zero: none.
 	SweepPauseRatio *float64
 	// SweepInFlightGrace is how long past its expiry a key still in flight
 	// stays live (SWEEP_IN_FLIGHT_GRACE). Nil: the function's default (15m);
