@@ -4,7 +4,7 @@ import "testing"
 
 // Context durations are read as the functions read their variables: a
 // nonzero value shorter than a nanosecond is refused, so that for the props
-// whose zero means something a typo such as 0.1ns never becomes "no pause"
+// whose zero means something a typo such as 0.1ns never becomes "no fixed pause"
 // or "no grace".
 func TestASubNanosecondContextDurationIsNotSilentlyZero(t *testing.T) {
 	for _, name := range []string{"sweepPause", "sweepInFlightGrace"} {

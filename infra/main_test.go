@@ -67,7 +67,7 @@ func TestPropsFromContext(t *testing.T) {
 		require.ErrorContains(t, err, "context "+name+": must be positive", name)
 	}
 
-	// AND the function settings whose zero means something (no pause, no
+	// AND the function settings whose zero means something (no fixed pause, no ratio, no
 	// grace, no compaction) keep a zero, from -c and from cdk.json alike,
 	// and stay nil when unset
 	p, _, err = propsFromContext(contextOf(map[string]any{"sweepPause": "0s", "sweepPauseRatio": float64(0), "sweepInFlightGrace": float64(0), "partitionCompactPerRun": float64(0)}))

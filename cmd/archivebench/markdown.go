@@ -402,8 +402,13 @@ func (r *report) capacity(w func(string, ...any)) {
 		perRow, thousands(int64(threshold)))
 	w("- when lookups need replicas: the lookup is on a payment's path, and Aurora replicas read the same storage with lag usually under 100 ms, so a key the sweep archived a moment ago is answered from a replica too; RDS read replicas replay the sweep's WAL (%s a day at 10,000,000 keys a day, before full-page images) and can lag further;\n",
 		bytesHuman(1e7*c.WALPerRow))
-	w("- not for the sweep itself: when the sweep's time per day nears a tenth of the day (about %s keys a day at this machine's rate), add sweepers (they claim rows with SKIP LOCKED), lower SWEEP_PAUSE_RATIO (as deployed the sweep works at most about %.0f%% of its wall-clock time, and the CDK stack's runs start batches for 205 s of every 5 minutes) or move to a larger instance first.\n\n",
-		thousands(int64(c.RowsPerSec*8640)), 100/(1+sweep.DefaultPauseRatio))
+	// As deployed by the CDK stack, runs start batches for 205 s of every
+	// 5 minutes, and in that window work batch / (batch + pause + ratio ×
+	// batch) of the time: the share of the day the sweep can work.
+	pauseMS := float64(sweep.DefaultPause.Milliseconds())
+	share := 205.0 / 300 * c.BatchP50MS / (c.BatchP50MS + pauseMS + sweep.DefaultPauseRatio*c.BatchP50MS)
+	w("- not for the sweep itself: as deployed (runs that start batches for 205 s of every 5 minutes, each batch of %.0f ms followed by %.0f ms + %g × its time) the sweep can work %.1f%% of the day, about %s keys a day at this machine's rate; when the keys a day near half of that, add sweepers (they claim rows with SKIP LOCKED), lower SWEEP_PAUSE_RATIO or move to a larger instance first.\n\n",
+		c.BatchP50MS, pauseMS, sweep.DefaultPauseRatio, 100*share, thousands(int64(c.RowsPerSec*86400*share)))
 }
 
 func bytesHuman(b float64) string {

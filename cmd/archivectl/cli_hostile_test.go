@@ -34,7 +34,7 @@ func TestFlagValuesInErrorsAreRedacted(t *testing.T) {
 
 // A duration flag is read as the configuration variables are: a nonzero
 // value too short to be one is refused, never read as 0 (--max-duration 0
-// is "until drained", --pause 0 "no pause"), and one too long to hold is
+// is "until drained", --pause 0 "no fixed pause"), and one too long to hold is
 // "out of range", not the flag package's bare "parse error".
 func TestDurationFlagsAreNeverSilentlyZero(t *testing.T) {
 	t.Parallel()

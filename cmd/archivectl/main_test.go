@@ -349,7 +349,9 @@ func TestAnInterruptedSweepIsAnErrorWhereverItLands(t *testing.T) {
 	// once that batch has committed (however slow a loaded machine makes it).
 	go func() {
 		defer cancel()
-		for n := 0; ctx.Err() == nil && n == 0; time.Sleep(20 * time.Millisecond) {
+		// At most a minute: a sweep that never commits fails the test below
+		// rather than hanging it.
+		for n, t0 := 0, time.Now(); ctx.Err() == nil && n == 0 && time.Since(t0) < time.Minute; time.Sleep(20 * time.Millisecond) {
 			_ = db.Pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_key_archive").Scan(&n)
 		}
 		time.Sleep(100 * time.Millisecond)

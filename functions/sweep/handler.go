@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/settings"
 	"github.com/idemarchive/idemarchive/shared/sweep"
 )
 
@@ -26,10 +27,10 @@ type handler struct {
 
 // options may override the configured sweep for one invocation.
 type options struct {
-	BatchSize   *int     `json:"batch_size,omitempty"`
-	Pause       string   `json:"pause,omitempty"`
-	PauseRatio  *float64 `json:"pause_ratio,omitempty"`
-	MaxDuration string   `json:"max_duration,omitempty"`
+	BatchSize   *int            `json:"batch_size,omitempty"`
+	Pause       string          `json:"pause,omitempty"`
+	PauseRatio  json.RawMessage `json:"pause_ratio,omitempty"`
+	MaxDuration string          `json:"max_duration,omitempty"`
 }
 
 // Handle runs sweep batches until drained or until the remaining invocation
@@ -57,8 +58,16 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 	if cfg.Pause, err = durationOption("pause", opts.Pause, cfg.Pause); err != nil {
 		return sweep.Result{}, err
 	}
-	if opts.PauseRatio != nil {
-		cfg.PauseRatio = *opts.PauseRatio // checked with the rest by sweep.New
+	if len(opts.PauseRatio) > 0 && string(opts.PauseRatio) != "null" {
+		// A JSON number read as the variable is (settings.ParseRatio): 1e-400,
+		// which encoding/json would read as 0, is refused; the range is
+		// sweep.New's to check.
+		if opts.PauseRatio[0] == '"' {
+			return sweep.Result{}, fmt.Errorf("invalid options: pause_ratio must be a number, not a string: %s", opts.PauseRatio)
+		}
+		if cfg.PauseRatio, err = settings.ParseRatio(string(opts.PauseRatio)); err != nil {
+			return sweep.Result{}, fmt.Errorf("invalid options: pause_ratio %w", err)
+		}
 	}
 	if cfg.MaxDuration, err = durationOption("max_duration", opts.MaxDuration, cfg.MaxDuration); err != nil {
 		return sweep.Result{}, err
@@ -83,7 +92,7 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 			switch {
 			case ce.Field == "Pause" && opts.Pause != "":
 				return sweep.Result{}, fmt.Errorf("invalid options: pause: %w", err)
-			case ce.Field == "PauseRatio" && opts.PauseRatio != nil:
+			case ce.Field == "PauseRatio" && len(opts.PauseRatio) > 0:
 				return sweep.Result{}, fmt.Errorf("invalid options: pause_ratio: %w", err)
 			case ce.Field == "MaxDuration" && opts.MaxDuration != "":
 				return sweep.Result{}, fmt.Errorf("invalid options: max_duration: %w", err)

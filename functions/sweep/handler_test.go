@@ -113,8 +113,11 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		`{"max_duration": "-5s"}`: "invalid options: max_duration: sweep max duration must not be negative",
 		`{"pause_ratio": -1}`:     "invalid options: pause_ratio: sweep pause ratio must be between 0 (none) and 99, got -1",
 		`{"pause_ratio": 1e3}`:    "invalid options: pause_ratio: sweep pause ratio must be between 0 (none) and 99, got 1000",
-		`{"pause_ratio": "3"}`:    "invalid options",
-		`{"pause_ratio": 1e999}`:  "invalid options",
+		`{"pause_ratio": "3"}`:    "invalid options: pause_ratio must be a number, not a string",
+		`{"pause_ratio": 1e999}`:  "invalid options: pause_ratio out of range",
+		`{"pause_ratio": 1e-400}`: "invalid options: pause_ratio is not 0 but too small to hold",
+		`{"pause_ratio": [3]}`:    "invalid options: pause_ratio not a decimal number",
+		`{"pause_ratio": true}`:   "invalid options: pause_ratio not a decimal number",
 	} {
 		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
 		require.ErrorContains(t, err, want, payload)

@@ -12,7 +12,7 @@ import (
 
 // Every function setting an alarm or an error tells the operator to change
 // has a prop, lands in the functions' environment as the variable the
-// functions read, and a prop whose zero means something (no pause, no
+// functions read, and a prop whose zero means something (no fixed pause, no ratio, no
 // grace, no compaction) is passed on as 0, never dropped for the default.
 func TestFunctionSettingsPropsReachTheFunctions(t *testing.T) {
 	// GIVEN every function setting set, the zero-meaning ones to zero

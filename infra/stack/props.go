@@ -56,7 +56,7 @@ type Props struct {
 	SweepPause *time.Duration
 	// SweepPauseRatio adds that multiple of the time worked since the last
 	// pause to the pause after it (SWEEP_PAUSE_RATIO), so the sweeper works
-	// at most about 1/(1+ratio) of a run. Nil: the function's default (3);
+	// at most about 1/(1+ratio) of a run on average. Nil: the function's default (3);
 	// zero: none.
 	SweepPauseRatio *float64
 	// SweepInFlightGrace is how long past its expiry a key still in flight
@@ -363,7 +363,7 @@ func (p Props) settingsEnv() map[string]string {
 		"PARTITION_LEAD_MONTHS":      strconv.Itoa(p.PartitionLeadMonths),
 		"PARTITION_RETENTION_MONTHS": strconv.Itoa(p.PartitionRetentionMonths),
 	}
-	// Set even when zero: zero is a setting of its own (no pause, no
+	// Set even when zero: zero is a setting of its own (no fixed pause, no ratio, no
 	// grace, no compaction).
 	if p.SweepPause != nil {
 		env["SWEEP_PAUSE"] = p.SweepPause.String()

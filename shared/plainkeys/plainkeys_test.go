@@ -270,11 +270,11 @@ func TestIndexWaitsForALockAtMostItsTimeout(t *testing.T) {
 // reads every partition while it lasts) would never go.
 func TestABackfillLongerThanItsBudgetResumesWithoutFailing(t *testing.T) {
 	t.Parallel()
-	// GIVEN 100,000 archive rows of keys without a timestamp, none recorded
+	// GIVEN 200,000 archive rows of keys without a timestamp, none recorded
 	db := dbtest.New(t)
 	db.Partition(t, 1)
 	ctx := context.Background()
-	const rows = 100_000
+	const rows = 200_000
 	_, err := db.Pool.Exec(ctx, `
 		INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, created_at, expired_at)
 		SELECT 'idem:v1:plain-' || g, '\x00', 201, $1::timestamptz, $1::timestamptz + g * interval '1 millisecond'
@@ -284,8 +284,11 @@ func TestABackfillLongerThanItsBudgetResumesWithoutFailing(t *testing.T) {
 		INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ('-infinity', 'infinity')`)
 	require.NoError(t, err)
 
-	// WHEN partition runs with a budget of 150 ms each run until the range is done
-	m, err := partition.NewManager(db.Pool, partition.Config{StatementTimeout: 150 * time.Millisecond}, nil)
+	// WHEN partition runs with a budget of 400 ms each run until the range
+	// is done (about 10 runs on 2 cores; the budget is every statement's timeout
+	// too, and a shorter one failed the run's other steps on a loaded
+	// machine)
+	m, err := partition.NewManager(db.Pool, partition.Config{StatementTimeout: 400 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	var runs, empty int
 	for left := 1; left > 0; runs++ {

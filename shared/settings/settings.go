@@ -74,7 +74,7 @@ var Variables = []Variable{
 	{"CLOCK_SKEW", "5m", "how far ahead of the store's clock a ULID/UUIDv7 key's timestamp may lie; 0 to 1h, whole milliseconds, 0 allows none; a key further ahead is answered from the archive or refused with 400"},
 	{"SWEEP_BATCH_SIZE", "10000", "rows per sweep batch, 1 to 50000"},
 	{"SWEEP_PAUSE", "200ms", "pause between batches (jittered by 25%), 0 or 1ms to 15m; 0 means no fixed pause (SWEEP_PAUSE_RATIO still applies: set both to 0 to run flat out)"},
-	{"SWEEP_PAUSE_RATIO", "3", "adds this multiple of the time worked since the last pause to the pause after it, so the sweeper works at most about 1/(1+ratio) of the time however slow load makes its batches; a decimal number, 0 to 99; 0 means none (SWEEP_PAUSE alone)"},
+	{"SWEEP_PAUSE_RATIO", "3", "adds this multiple of the time worked since the last pause to the pause after it, so the sweeper works at most about 1/(1+ratio) of the time on average, however slow load makes its batches; a decimal number, 0 to 99; 0 means none (SWEEP_PAUSE alone)"},
 	{"SWEEP_IN_FLIGHT_GRACE", "15m", "how long past its expiry a key still in flight stays live before it is archived as expired in flight, 0 to 24h; 0 means none"},
 	{"SWEEP_LOCK_TIMEOUT", "2s, or half SWEEP_STATEMENT_TIMEOUT when less", "lock_timeout of each batch; whole milliseconds, 1ms to 15m, shorter than SWEEP_STATEMENT_TIMEOUT (a lock wait must not look like a slow batch)"},
 	{"SWEEP_STATEMENT_TIMEOUT", "30s", "statement_timeout of each batch; whole milliseconds, 2ms (the lock timeout must be shorter) to 14m59.999s (at most the deadline margin, which is under 15m)"},
@@ -415,6 +415,9 @@ func ParseRatio(v string) (float64, error) {
 	}
 	if mantissa, _, _ := strings.Cut(strings.ToLower(v), "e"); f == 0 && strings.ContainsAny(mantissa, "123456789") {
 		return 0, errors.New("is not 0 but too small to hold: " + strconv.Quote(v))
+	}
+	if f == 0 {
+		f = 0 // -0 is 0
 	}
 	return f, nil
 }

@@ -1,6 +1,7 @@
 package settings
 
 import (
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -52,12 +53,12 @@ func TestZeroPauseStaysZero(t *testing.T) {
 // SWEEP_PAUSE_RATIO: a finite decimal number from 0 (none, honoured) to
 // 99; unset is the default, 3.
 func TestSweepPauseRatio(t *testing.T) {
-	for value, want := range map[string]float64{"": 3, "0": 0, "0.5": 0.5, " 7 ": 7, "99": 99, "1e1": 10, "+2": 2, ".5": 0.5, "3.": 3, "0.0e-9": 0, "0.5e-99": 0.5e-99} {
+	for value, want := range map[string]float64{"": 3, "0": 0, "0.5": 0.5, " 7 ": 7, "99": 99, "1e1": 10, "+2": 2, ".5": 0.5, "3.": 3, "0.0e-9": 0, "0.5e-99": 0.5e-99, "-0": 0} {
 		s, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@localhost/db", "SWEEP_PAUSE_RATIO": value}))
 		if err != nil {
 			t.Fatalf("SWEEP_PAUSE_RATIO=%q: %v", value, err)
 		}
-		if got := s.Sweep.WithDefaults().PauseRatio; got != want {
+		if got := s.Sweep.WithDefaults().PauseRatio; got != want || math.Signbit(got) {
 			t.Errorf("SWEEP_PAUSE_RATIO=%q is %g, want %g", value, got, want)
 		}
 	}

@@ -13,8 +13,8 @@
 // batch.sql). So a batch may move fewer rows than it claimed, never a row
 // without its archive row. Between batches the sweeper pauses (with
 // jitter) to yield to request traffic, for a fixed time plus a multiple of
-// the batch's own (Config.PauseRatio), so that it yields more as load slows
-// it; and it stops when a batch comes back
+// the time it worked since the last pause (Config.PauseRatio), so that it
+// yields more as load slows it; and it stops when a batch comes back
 // short (drained), when MaxDuration has passed, or when the context deadline
 // is closer than DeadlineMargin, reporting how far it got.
 //
@@ -136,9 +136,9 @@ const MaxInFlightGrace = 24 * time.Hour
 const DefaultPause = 200 * time.Millisecond
 
 // DefaultPauseRatio is what SWEEP_PAUSE_RATIO and the --pause-ratio flag
-// default to: after a batch that took t the sweeper waits Pause + 3t, so it
-// works about a quarter of the time at most, however slow the database has
-// made its batches.
+// default to: after working for t since its last pause the sweeper waits
+// Pause + 3t, so it works at most about a quarter of the time on average,
+// however slow the database has made its batches.
 const DefaultPauseRatio = 3.0
 
 // MaxPauseRatio bounds Config.PauseRatio: a sweeper busy 1% of the time.
@@ -171,13 +171,16 @@ type Config struct {
 	// pause never runs past the deadline margin or MaxDuration.
 	Pause time.Duration
 	// PauseRatio lengthens each pause by that multiple of the time worked
-	// since the last one (the batch's attempts and retries, and any attempt
-	// before them that ran past StatementTimeout): the wait is Pause +
+	// since the last one (the batch's attempts and retries, any attempt
+	// before them that ran past StatementTimeout, a missing partition's
+	// creation, and before the first batch the pool's first connection):
+	// the wait is Pause +
 	// PauseRatio × that time, jittered by ±25% as a whole. A fixed pause
 	// yields least when traffic needs it most, as a loaded database makes
 	// every batch slower; with a ratio the sweeper works at most about
-	// 1/(1+PauseRatio) of the run (a quarter at DefaultPauseRatio; the
-	// jitter evens out over batches), whatever the load. 0 to
+	// 1/(1+PauseRatio) of the run on average (a quarter at
+	// DefaultPauseRatio; the jitter evens out over batches), whatever the
+	// load. 0 to
 	// MaxPauseRatio; zero means none: the pause is Pause alone, and with
 	// Pause 0 the sweep runs flat out. DefaultPauseRatio is what
 	// SWEEP_PAUSE_RATIO and --pause-ratio default to. Like Pause, it never

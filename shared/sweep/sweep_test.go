@@ -403,10 +403,12 @@ func TestZeroPauseMeansNoPause(t *testing.T) {
 	}
 }
 
-// With a pause ratio, each pause grows with the batch before it: Pause +
-// PauseRatio × the batch's own time, jittered by ±25%, so that a sweeper
-// whose batches a loaded database slows yields in proportion. Only the
-// relation between two figures of the same run is checked, never a time.
+// With a pause ratio, each pause grows with the work before it: Pause +
+// PauseRatio × the time worked since the last pause, jittered by ±25%, so
+// that a sweeper whose batches a loaded database slows yields in
+// proportion. Only relations between figures of the same run are checked,
+// never a time: the time worked lies between the batch's own (Progress.Took)
+// and the span from the end of the last pause to the start of this one.
 func TestThePauseRatioScalesEachPauseWithItsBatch(t *testing.T) {
 	t.Parallel()
 	require.Zero(t, sweep.Config{}.WithDefaults().PauseRatio, "an unset ratio must stay zero: none")
@@ -422,16 +424,23 @@ func TestThePauseRatioScalesEachPauseWithItsBatch(t *testing.T) {
 		s, err := sweep.New(b.db.Pool, sweep.Config{BatchSize: 1, Pause: c.pause, PauseRatio: c.ratio,
 			OnBatch: func(p sweep.Progress) { took = append(took, p.Took) }}, nil, nil)
 		require.NoError(t, err)
-		var slept []time.Duration
-		s.SetSleep(func(_ context.Context, d time.Duration) error { slept = append(slept, d); return nil })
+		var slept, spans []time.Duration
+		last := time.Now()
+		s.SetSleep(func(_ context.Context, d time.Duration) error {
+			spans = append(spans, time.Since(last))
+			slept = append(slept, d)
+			last = time.Now()
+			return nil
+		})
 		res, err := s.Run(context.Background())
 		require.NoError(t, err)
 		require.EqualValues(t, 4, res.Moved)
 		require.Len(t, slept, 4, "a pause after every full batch (the fifth finds nothing)")
 		for i, d := range slept {
-			want := float64(c.pause) + c.ratio*float64(took[i])
-			require.GreaterOrEqual(t, float64(d), 0.75*want-1, "pause %d: %s after a batch of %s (pause %s, ratio %g)", i, d, took[i], c.pause, c.ratio)
-			require.LessOrEqual(t, float64(d), 1.25*want+1, "pause %d: %s after a batch of %s (pause %s, ratio %g)", i, d, took[i], c.pause, c.ratio)
+			least := float64(c.pause) + c.ratio*float64(took[i])
+			most := float64(c.pause) + c.ratio*float64(spans[i])
+			require.GreaterOrEqual(t, float64(d), 0.75*least-1, "pause %d: %s after a batch of %s (pause %s, ratio %g)", i, d, took[i], c.pause, c.ratio)
+			require.LessOrEqual(t, float64(d), 1.25*most+1, "pause %d: %s after %s of work (pause %s, ratio %g)", i, d, spans[i], c.pause, c.ratio)
 		}
 	}
 }
