@@ -166,25 +166,25 @@ type Config struct {
 	// Pause is the fixed wait between batches, jittered by ±25%, 0 or 1ms
 	// to MaxInvocation (a nonzero pause under a millisecond is refused, not
 	// read as none). Zero means no fixed pause: zero is never replaced by
-	// a default, so a sweep asked to run flat out (PauseRatio 0 too) does. DefaultPause (200ms)
-	// is what the SWEEP_PAUSE variable and the --pause flag default to. A
-	// pause never runs past the deadline margin or MaxDuration.
+	// a default, so a sweep asked to run flat out (PauseRatio 0 too) does.
+	// DefaultPause (200ms) is what the SWEEP_PAUSE variable and the --pause
+	// flag default to. A pause never runs past the deadline margin or
+	// MaxDuration.
 	Pause time.Duration
 	// PauseRatio lengthens each pause by that multiple of the time worked
 	// since the last one (the batch's attempts and retries, any attempt
 	// before them that ran past StatementTimeout, a missing partition's
 	// creation, and before the first batch the pool's first connection):
-	// the wait is Pause +
-	// PauseRatio × that time, jittered by ±25% as a whole. A fixed pause
-	// yields least when traffic needs it most, as a loaded database makes
-	// every batch slower; with a ratio the sweeper works at most about
-	// 1/(1+PauseRatio) of the run on average (a quarter at
-	// DefaultPauseRatio; the jitter evens out over batches), whatever the
-	// load. 0 to
-	// MaxPauseRatio; zero means none: the pause is Pause alone, and with
-	// Pause 0 the sweep runs flat out. DefaultPauseRatio is what
-	// SWEEP_PAUSE_RATIO and --pause-ratio default to. Like Pause, it never
-	// sleeps past the deadline margin or MaxDuration.
+	// the wait is Pause + PauseRatio × that time, jittered by ±25% as a
+	// whole. A fixed pause yields least when traffic needs it most, as a
+	// loaded database makes every batch slower; with a ratio the sweeper
+	// works at most about 1/(1+PauseRatio) of the run on average (a
+	// quarter at DefaultPauseRatio; the jitter evens out over batches),
+	// whatever the load. 0 to MaxPauseRatio; zero means none: the pause is
+	// Pause alone, and with Pause 0 the sweep runs flat out.
+	// DefaultPauseRatio is what SWEEP_PAUSE_RATIO and --pause-ratio default
+	// to. Like Pause, it never sleeps past the deadline margin or
+	// MaxDuration.
 	PauseRatio float64
 	// LockTimeout bounds each wait for a lock inside a batch (lock_timeout).
 	// It must be shorter than StatementTimeout. Default 2s, or half the
@@ -951,12 +951,12 @@ func pgMillis(d time.Duration) string {
 	return strconv.FormatInt(ms, 10) + "ms"
 }
 
-// pauseAfter is the pause before jitter: pause + ratio × took, at most
+// pauseAfter is the pause before jitter: pause + ratio × worked, at most
 // MaxInvocation (the product of a long batch and a large ratio must not
 // overflow; pauseFor cuts the jittered pause at the deadline margin and
 // MaxDuration).
-func pauseAfter(pause time.Duration, ratio float64, took time.Duration) time.Duration {
-	extra := ratio * float64(max(took, 0))
+func pauseAfter(pause time.Duration, ratio float64, worked time.Duration) time.Duration {
+	extra := ratio * float64(max(worked, 0))
 	if extra >= float64(MaxInvocation) {
 		return MaxInvocation
 	}
