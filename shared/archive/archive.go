@@ -79,9 +79,21 @@ var (
 const DefaultStatementTimeout = 3 * time.Second
 
 // deadlineMargin is kept free before the caller's deadline: a query's
-// statement timeout ends that much before it, so the caller still has time
-// to answer "timeout" rather than being cut off itself.
+// statement timeout ends that much before it, so that the server cancels
+// the query (the connection stays usable) and the caller still has time to
+// answer "timeout" rather than being cut off itself. A caller that allows
+// less than four times as much keeps a quarter of what it allows (see
+// marginBefore).
 const deadlineMargin = 100 * time.Millisecond
+
+// marginBefore returns the time to keep free before a deadline that is left
+// away: deadlineMargin, or a quarter of left when that is less. A caller
+// that bounds a lookup tightly (the middleware's ArchiveTimeout of 100 ms,
+// say) thus still gives it three quarters of its time, where a fixed margin
+// would leave it nothing and fail every lookup.
+func marginBefore(left time.Duration) time.Duration {
+	return min(deadlineMargin, left/4)
+}
 
 // PromptSpan is how long after its key's timestamp an archive row may expire
 // without being recorded in idempotency_archive_plain_keys (migration 010,
@@ -475,16 +487,20 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 
 // bounded runs the queries queue adds in one round trip, after a
 // set_config that bounds them with a statement timeout, the configured one
-// shortened to end deadlineMargin before ctx's deadline, and pins their
-// DateStyle (see boundSQL). The batch runs as
-// one implicit transaction, so the setting is local to it and is gone
+// shortened to end a margin (marginBefore) before ctx's deadline, and pins
+// their DateStyle and bytea_output (see boundSQL). The batch runs as one
+// implicit transaction, so the settings are local to it and are gone
 // before the connection returns to the pool.
 func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
 	timeout := r.cfg.StatementTimeout
 	deadlineBound := false
-	if deadline, ok := ctx.Deadline(); ok {
-		if left := time.Until(deadline) - deadlineMargin; left < timeout {
-			timeout, deadlineBound = left, true
+	deadline, hasDeadline := ctx.Deadline()
+	var margin time.Duration
+	if hasDeadline {
+		left := time.Until(deadline)
+		margin = marginBefore(left)
+		if left-margin < timeout {
+			timeout, deadlineBound = left-margin, true
 		}
 	}
 	if timeout < time.Millisecond {
@@ -495,8 +511,8 @@ func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
 	// cache_statement mode prepares on a connection's first use), or a
 	// connection that stops answering.
 	backstop := time.Now().Add(timeout + time.Second)
-	if deadline, ok := ctx.Deadline(); ok && deadline.Add(-deadlineMargin/2).Before(backstop) {
-		backstop = deadline.Add(-deadlineMargin / 2)
+	if hasDeadline && deadline.Add(-margin/2).Before(backstop) {
+		backstop = deadline.Add(-margin / 2)
 	}
 	ctx, cancel := context.WithDeadline(ctx, backstop)
 	defer cancel()
@@ -510,12 +526,13 @@ func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
 	return err
 }
 
-// boundSQL sets the statement timeout of a batch's queries, and their
-// DateStyle: in the exec and simple_protocol modes (RDS Proxy's) results
-// come back as text, and pgx reads only ISO dates, so a role, database or
-// parameter group with another DateStyle would fail every lookup (and a
-// middleware that fails open would then run a late retry again).
-const boundSQL = "SELECT set_config('statement_timeout', $1, true), set_config('DateStyle', 'ISO, YMD', true)"
+// boundSQL sets the statement timeout of a batch's queries, and how they
+// write dates and bytea as text: in the exec and simple_protocol modes (RDS
+// Proxy's) results come back as text, and pgx reads only ISO dates and hex
+// bytea, so a role, database or parameter group with another DateStyle, or
+// with bytea_output = escape, would fail every lookup that finds a row (and
+// a middleware that fails open would then run a late retry again).
+const boundSQL = "SELECT set_config('statement_timeout', $1, true), set_config('DateStyle', 'ISO, YMD', true), set_config('bytea_output', 'hex', true)"
 
 // queryError turns a cancelled statement or an expired deadline into
 // ErrTimeout, and a database that could not be reached into ErrUnavailable

@@ -599,11 +599,13 @@ func TestAStaleViewOfTheWritersIsCaughtByTheProof(t *testing.T) {
 	require.Equal(t, 201, rec.Status)
 }
 
-// A role, database or parameter group may set another DateStyle. In the exec
-// and simple_protocol modes (RDS Proxy's) results come back as text, which
-// pgx reads only in ISO: the Reader pins its own DateStyle, so that every
-// lookup and investigation reads the same in every mode.
-func TestTheReaderReadsUnderAnyDateStyle(t *testing.T) {
+// A role, database or parameter group may set another DateStyle, or
+// bytea_output = escape. In the exec and simple_protocol modes (RDS Proxy's)
+// results come back as text, which pgx reads only in ISO dates and hex
+// bytea: the Reader pins its own, so that every lookup and investigation
+// reads the same in every mode (a lookup that failed on the fingerprint
+// would run a late retry again behind a middleware that fails open).
+func TestTheReaderReadsUnderAnyDateStyleOrByteaOutput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -617,15 +619,17 @@ func TestTheReaderReadsUnderAnyDateStyle(t *testing.T) {
 	for _, style := range []string{"SQL, DMY", "German", "Postgres, MDY"} {
 		for _, mode := range modes {
 			pool := b.db.NewPool(t, dbtest.AsRole(schema.ReaderRole), dbtest.WithParam("DateStyle", style), dbtest.WithParam("TimeZone", "Asia/Kathmandu"),
-				func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+				dbtest.WithParam("bytea_output", "escape"), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
 			r, err := archive.NewReader(pool, archive.Config{}, nil)
 			require.NoError(t, err)
-			rec, err := r.Lookup(ctx, plain, nil)
+			rec, err := r.Lookup(ctx, plain, dbtest.Fingerprint(plain))
 			require.NoError(t, err, "%s, %v", style, mode)
 			require.Equal(t, created, rec.CreatedAt, "%s, %v", style, mode)
-			rec, err = r.Lookup(ctx, stamped, nil)
+			require.Equal(t, true, *rec.FingerprintMatch, "%s, %v", style, mode)
+			rec, err = r.Lookup(ctx, stamped, dbtest.Fingerprint("another request"))
 			require.NoError(t, err, "%s, %v", style, mode)
 			require.Equal(t, 202, rec.Status)
+			require.Equal(t, false, *rec.FingerprintMatch, "%s, %v", style, mode)
 			_, err = r.Lookup(ctx, "idem:v1:t=acme:never", nil)
 			require.ErrorIs(t, err, archive.ErrNotFound, "%s, %v", style, mode)
 			page, err := r.Investigate(ctx, archive.Query{ScopePrefix: "idem:v1:t=acme:order", CreatedFrom: created.Add(-time.Hour), CreatedTo: created.Add(time.Hour)})

@@ -50,7 +50,7 @@ func TestFailOpenNeverRunsAKeyWhoseLookupTheRequestDeadlineCut(t *testing.T) {
 	lockArchive(t, b)
 
 	// A retry that has 800 ms left (a client or server timeout), far more
-	// than the Reader's 100 ms margin.
+	// than the Reader keeps free before it.
 	w := postWithin(srv, "deadline-key2", 800*time.Millisecond)
 	require.EqualValues(t, 1, h.calls.Load(), "an archived key ran again under FailOpen after the request's deadline cut its lookup short")
 	require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())

@@ -830,11 +830,12 @@ func TestTheTenantChoiceIsExplicit(t *testing.T) {
 	require.EqualValues(t, 2, h.calls.Load())
 }
 
-// A role, database or parameter group may set another DateStyle. In the exec
-// and simple_protocol modes (RDS Proxy's) results come back as text, which
-// pgx reads only in ISO: the Postgres store and the Reader pin their own, so
-// that registrations, replays and late retries work in every mode.
-func TestThePostgresStoreWorksUnderAnyDateStyle(t *testing.T) {
+// A role, database or parameter group may set another DateStyle, or
+// bytea_output = escape. In the exec and simple_protocol modes (RDS Proxy's)
+// results come back as text, which pgx reads only in ISO dates and hex
+// bytea: the Postgres store and the Reader pin their own, so that
+// registrations, replays and late retries work in every mode.
+func TestThePostgresStoreWorksUnderAnyDateStyleOrByteaOutput(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pg)
 	ctx := context.Background()
@@ -845,7 +846,7 @@ func TestThePostgresStoreWorksUnderAnyDateStyle(t *testing.T) {
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
 			pool := b.db.NewPool(t, dbtest.WithParam("DateStyle", "SQL, DMY"), dbtest.WithParam("TimeZone", "America/St_Johns"),
-				func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+				dbtest.WithParam("bytea_output", "escape"), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
 			store := livestore.NewPostgres(pool)
 			key := "idem:v1:datestyle-" + mode.String()
 			first, err := store.Register(ctx, idempotency.Registering{Key: key, Fingerprint: dbtest.Fingerprint("a"), TTL: time.Hour})
@@ -867,6 +868,16 @@ func TestThePostgresStoreWorksUnderAnyDateStyle(t *testing.T) {
 			require.Equal(t, 409, w.Code, w.Body.String())
 			require.Equal(t, "ch_late", problemOf(t, w)["resource_id"])
 			require.Zero(t, h.calls.Load())
+
+			// A retry of a completed request is replayed: the store reads
+			// the stored fingerprint and response back as text.
+			fresh := "replay-" + mode.String()
+			original := post(mw.Wrap(h), fresh, `{"amount":1}`)
+			require.Equal(t, http.StatusCreated, original.Code, original.Body.String())
+			replay := post(mw.Wrap(h), fresh, `{"amount":1}`)
+			require.Equal(t, http.StatusCreated, replay.Code, replay.Body.String())
+			require.Equal(t, original.Body.String(), replay.Body.String())
+			require.EqualValues(t, 1, h.calls.Load())
 		})
 	}
 }

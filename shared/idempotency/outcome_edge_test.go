@@ -146,10 +146,10 @@ func TestAnExpiredInFlightPostgresRowCostsNoArchiveLookup(t *testing.T) {
 }
 
 // FailOpen never runs a late retry whose request has too little time left
-// for the lookup: the Reader refuses a query it cannot finish before the
-// context's deadline (context.DeadlineExceeded) while the context itself is
-// still live, and that is the request running out of time, not the archive
-// failing.
+// for the lookup: the Reader ends a query a margin before the context's
+// deadline (here by the statement timeout it set, while the lookup waits on
+// a lock) while the context itself is still live, and that is the request
+// running out of time, not the archive failing.
 func TestFailOpenNeverRunsALookupTheDeadlineCutShort(t *testing.T) {
 	t.Parallel()
 	for _, kind := range []storeKind{pg, rds} {
@@ -163,8 +163,9 @@ func TestFailOpenNeverRunsALookupTheDeadlineCutShort(t *testing.T) {
 			srv := b.middleware(t, idempotency.Config{OnArchiveError: idempotency.FailOpen}).Wrap(h)
 			require.Equal(t, http.StatusCreated, post(srv, "warm-up", `{}`).Code, "warm the pool and the lease")
 
-			// WHEN its retry arrives with 90 ms left, under the Reader's
-			// 100 ms margin
+			// WHEN its retry arrives with 90 ms left, while the archive
+			// waits on a lock
+			lockArchive(t, b)
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Millisecond)
 			defer cancel()
 			r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`)).WithContext(ctx)
@@ -175,6 +176,29 @@ func TestFailOpenNeverRunsALookupTheDeadlineCutShort(t *testing.T) {
 			// THEN it is a 503, and the handler ran only for the warm-up
 			require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
 			require.EqualValues(t, 1, h.calls.Load(), "the archived key ran again")
+		})
+	}
+}
+
+// A tight ArchiveTimeout still leaves the lookup most of its time: the
+// Reader keeps a quarter of it free, not a fixed 100 ms that would fail
+// every lookup with 503 (or, failing open, run every late retry again).
+func TestATightArchiveTimeoutStillAnswersLateRetries(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []storeKind{pg, rds} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, kind)
+			dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: "idem:v1:tight-timeout", Status: 201, ResourceID: ptr("ch_tight"),
+				CreatedAt: time.Now().Add(-50 * time.Hour), ExpiredAt: time.Now().Add(-26 * time.Hour), Fingerprint: emptyBodyFP})
+			h := &charges{}
+			srv := b.middleware(t, idempotency.Config{ArchiveTimeout: 100 * time.Millisecond}).Wrap(h)
+			require.Equal(t, http.StatusCreated, post(srv, "warm-up", `{}`).Code, "warm the pool and the lease")
+
+			w := post(srv, "tight-timeout", `{}`)
+			require.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+			require.Equal(t, "ch_tight", problemOf(t, w)["resource_id"])
+			require.EqualValues(t, 1, h.calls.Load(), "only the warm-up ran")
 		})
 	}
 }

@@ -216,9 +216,9 @@ const (
 	registerGrace   = 2 * time.Second
 )
 
-// registerSettingsSQL is dateStyleSQL with the statement timeout of the
-// registration ($1, as '<n>ms'), both local to its implicit transaction.
-const registerSettingsSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true), set_config('statement_timeout', $1, true)"
+// registerSettingsSQL is textOutputSQL with the statement timeout of the
+// registration ($1, as '<n>ms'), all local to its implicit transaction.
+const registerSettingsSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true), set_config('bytea_output', 'hex', true), set_config('statement_timeout', $1, true)"
 
 // Register inserts an in-flight row, or returns the existing one. The insert
 // and the read are separate statements: under READ COMMITTED the read then
@@ -288,16 +288,18 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 	return idempotency.Registration{}, errors.New("register idempotency key: the key keeps being released concurrently, or the writer lease keeps running out")
 }
 
-// dateStyleSQL pins the DateStyle of the statement after it, in the same
-// implicit transaction. In the exec and simple_protocol modes (RDS Proxy's)
-// results come back as text, which pgx reads only in ISO: a role, database
-// or parameter group with another DateStyle would fail every registration.
-const dateStyleSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true)"
+// textOutputSQL pins how the statement after it, in the same implicit
+// transaction, writes dates and bytea as text. In the exec and
+// simple_protocol modes (RDS Proxy's) results come back as text, which pgx
+// reads only in ISO dates and hex bytea: a role, database or parameter group
+// with another DateStyle, or with bytea_output = escape, would fail every
+// registration of a key already stored (its fingerprint is bytea).
+const textOutputSQL = "SELECT set_config('DateStyle', 'ISO, YMD', true), set_config('bytea_output', 'hex', true)"
 
-// queryRow runs sql with args after dateStyleSQL, in one round trip, and
+// queryRow runs sql with args after textOutputSQL, in one round trip, and
 // passes its row to scan.
 func (p *Postgres) queryRow(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
-	return p.pool.SendBatch(ctx, rowAfter(dateStyleSQL, nil, scan, sql, args...)).Close()
+	return p.pool.SendBatch(ctx, rowAfter(textOutputSQL, nil, scan, sql, args...)).Close()
 }
 
 // rowAfter returns the batch that runs sql with args after the statement
