@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -74,11 +76,12 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	switch {
 	case sh.Version == "2.0" && sh.RawPath != "":
 		var ev events.APIGatewayV2HTTPRequest
-		if err := json.Unmarshal(payload, &ev); err != nil {
-			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
-		}
 		var r lookupapi.Response
-		if name, ok := repeated(names(ev.RawQueryString)); ok {
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			// Answered in the event's shape: API Gateway reads an answer
+			// without a statusCode as a 200 whose body it is.
+			r = h.api.ErrorResponse(ctx, badPayload(err), requestID)
+		} else if name, ok := repeated(names(ev.RawQueryString)); ok {
 			r = h.api.ErrorResponse(ctx, badPayload(repeatedError(name)), requestID)
 		} else if functionURL(ev.RequestContext.DomainName) {
 			// Function URLs deliver rawPath as the client sent it.
@@ -102,7 +105,8 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	case sh.HTTPMethod != "":
 		var ev events.APIGatewayProxyRequest
 		if err := json.Unmarshal(payload, &ev); err != nil {
-			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
+			r := h.api.ErrorResponse(ctx, badPayload(err), requestID)
+			return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
 		}
 		if name, ok := repeated(ev.MultiValueQueryStringParameters); ok {
 			r := h.api.ErrorResponse(ctx, badPayload(repeatedError(name)), requestID)
@@ -198,7 +202,39 @@ type payloadError struct{ err error }
 func (e payloadError) Error() string        { return "malformed request: " + e.err.Error() }
 func (e payloadError) Is(target error) bool { return target == lookupapi.ErrBadRequest }
 
-func badPayload(err error) error { return payloadError{err} }
+// badPayload wraps a payload that could not be read as a bad request. A
+// JSON value of the wrong type is said in JSON's terms: encoding/json's own
+// message names the Go struct and type it was decoding into, which are this
+// code's internals, not the client's.
+func badPayload(err error) error {
+	if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) {
+		err = fmt.Errorf("%s: expected %s, got %s", cmp.Or(te.Field, "the payload"), jsonKind(te.Type), te.Value)
+	}
+	return payloadError{err}
+}
+
+// jsonKind names the JSON value a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another value"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "another value"
+}
 
 // lazyReader opens the pool on the first lookup of the execution environment
 // and keeps the reader for every lookup after it.

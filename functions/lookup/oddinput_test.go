@@ -133,3 +133,48 @@ func TestADirectQueryOfLimitZeroIsRefused(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b.invoke(t, []byte(`{"action":"query","scope_prefix":"idem:","created_from":"2026-01-01T00:00:00Z","created_to":"2027-01-01T00:00:00Z"}`)), &resp))
 	require.Equal(t, 200, resp.Status)
 }
+
+// A JSON value of the wrong type is refused in JSON's terms: the answer
+// names the field and the value expected, never the Go struct or type the
+// function decodes into.
+func TestAWrongJSONTypeIsSaidWithoutGoNames(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct{ payload, detail string }{
+		{`{"scoped_key": 12}`, "scoped_key: expected a string, got number"},
+		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": "ten"}`, "limit: expected a number, got string"},
+		{`["idem:v1:probe"]`, "the payload: expected an object, got array"},
+	} {
+		var resp struct {
+			Status  int
+			Problem problem
+		}
+		require.NoError(t, json.Unmarshal(b.invoke(t, []byte(tc.payload)), &resp))
+		require.Equal(t, 400, resp.Status, tc.payload)
+		require.Equal(t, "bad_request", resp.Problem.Code, tc.payload)
+		require.Contains(t, resp.Problem.Detail, tc.detail)
+		for _, internal := range []string{"Go ", "DirectRequest", "lookupapi", "int64", "events."} {
+			require.NotContains(t, resp.Problem.Detail, internal, tc.payload)
+		}
+	}
+	// API Gateway events with a field of the wrong type are answered in
+	// their own shape (an answer without a statusCode would reach the
+	// client as a 200).
+	for _, event := range []string{
+		`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","requestContext":{"http":{"method":"GET"}},"queryStringParameters":{"fingerprint":7}}`,
+		`{"httpMethod":"GET","path":"/v1/archive/keys/idem:v1:probe","queryStringParameters":{"fingerprint":7}}`,
+	} {
+		var resp struct {
+			StatusCode int
+			Body       string
+		}
+		require.NoError(t, json.Unmarshal(b.invoke(t, []byte(event)), &resp))
+		require.Equal(t, 400, resp.StatusCode, event)
+		var p problem
+		require.NoError(t, json.Unmarshal([]byte(resp.Body), &p), "%q", resp.Body)
+		require.Equal(t, "bad_request", p.Code)
+		require.Contains(t, p.Detail, "queryStringParameters: expected a string, got number")
+		require.NotContains(t, p.Detail, "Go ")
+		require.NotContains(t, p.Detail, "events.")
+	}
+}
