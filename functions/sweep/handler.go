@@ -130,7 +130,7 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		return res, err
 	}
 	log.InfoContext(ctx, "sweep finished", "moved", res.Moved, "archived", res.Archived, "batches", res.Batches,
-		"conflict_retries", res.ConflictRetries, "batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize,
+		"conflict_retries", res.ConflictRetries, "index_swap_retries", res.IndexSwapRetries, "batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize,
 		"stopped", res.Stopped, "backlog", res.Backlog, "batch_max_ms", res.BatchMaxMS, "duration_ms", res.DurationMS)
 	return res, nil
 }
@@ -139,9 +139,11 @@ func durationOption(name, v string, def time.Duration) (time.Duration, error) {
 	if v == "" {
 		return def, nil
 	}
-	d, err := time.ParseDuration(v)
+	// Read as the variables and flags are: "0.5ns", which time.ParseDuration
+	// reads as 0, would turn max_duration into no limit.
+	d, err := settings.ParseDuration(v)
 	if err != nil {
-		return 0, fmt.Errorf("invalid options: %s is not a duration such as 200ms or 5m: %q", name, v)
+		return 0, fmt.Errorf("invalid options: %s: %w: %q", name, err, v)
 	}
 	return d, nil
 }

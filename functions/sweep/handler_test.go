@@ -104,20 +104,24 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 	for payload, want := range map[string]string{
 		`{"batch_size": 0}`:     "batch_size must be between 1 and 50000, got 0",
 		`{"batch_size": 50001}`: "batch_size must be between 1 and 50000",
-		`{"pause": "soon"}`:     "pause is not a duration",
+		`{"pause": "soon"}`:     "invalid options: pause: not a duration such as 200ms",
 		`{"batchsize": 10}`:     `unknown field "batchsize"`,
 		`{"detail-type": "Scheduled Event", "detail": {"max_duration": 5}}`: "invalid options",
 		`[1, 2]`:                  "payload is not a JSON object",
 		`{"pause": "-1s"}`:        "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",
 		`{"pause": "2562047h"}`:   "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",
 		`{"max_duration": "-5s"}`: "invalid options: max_duration: sweep max duration must not be negative",
-		`{"pause_ratio": -1}`:     "invalid options: pause_ratio: sweep pause ratio must be between 0 (none) and 99, got -1",
-		`{"pause_ratio": 1e3}`:    "invalid options: pause_ratio: sweep pause ratio must be between 0 (none) and 99, got 1000",
-		`{"pause_ratio": "3"}`:    "invalid options: pause_ratio must be a number, not a string",
-		`{"pause_ratio": 1e999}`:  "invalid options: pause_ratio out of range",
-		`{"pause_ratio": 1e-400}`: "invalid options: pause_ratio is not 0 but too small to hold",
-		`{"pause_ratio": [3]}`:    "invalid options: pause_ratio not a decimal number",
-		`{"pause_ratio": true}`:   "invalid options: pause_ratio not a decimal number",
+		// Set, never silently zero: 0.5ns would read as 0, no limit.
+		`{"max_duration": "0.5ns"}`:    "invalid options: max_duration: is not 0 but shorter than a nanosecond",
+		`{"pause": "0.9ns"}`:           "invalid options: pause: is not 0 but shorter than a nanosecond",
+		`{"max_duration": "9999999h"}`: "invalid options: max_duration: out of range",
+		`{"pause_ratio": -1}`:          "invalid options: pause_ratio: sweep pause ratio must be between 0 (none) and 99, got -1",
+		`{"pause_ratio": 1e3}`:         "invalid options: pause_ratio: sweep pause ratio must be between 0 (none) and 99, got 1000",
+		`{"pause_ratio": "3"}`:         "invalid options: pause_ratio must be a number, not a string",
+		`{"pause_ratio": 1e999}`:       "invalid options: pause_ratio out of range",
+		`{"pause_ratio": 1e-400}`:      "invalid options: pause_ratio is not 0 but too small to hold",
+		`{"pause_ratio": [3]}`:         "invalid options: pause_ratio not a decimal number",
+		`{"pause_ratio": true}`:        "invalid options: pause_ratio not a decimal number",
 	} {
 		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
 		require.ErrorContains(t, err, want, payload)

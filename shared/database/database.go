@@ -435,11 +435,24 @@ func SQLState(err error) string {
 	return ""
 }
 
+// ArbiterIndexSwapped reports the error PostgreSQL raises for an INSERT ...
+// ON CONFLICT into a partition whose unique index REINDEX INDEX
+// CONCURRENTLY is swapping for its rebuilt copy (the partition manager's
+// compaction): XX000 "invalid arbiter index list", whether or not the row
+// conflicts. The statement wrote nothing (it failed, and its transaction
+// with it) and succeeds once the swap is done, a moment later: it may run
+// again.
+func ArbiterIndexSwapped(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == CodeInternalError && pgErr.Message == "invalid arbiter index list"
+}
+
 // SQLSTATE codes this module reacts to.
 const (
 	CodeCheckViolation        = "23514" // also raised for "no partition of relation found for row"
 	CodeDeadlockDetected      = "40P01"
 	CodeInsufficientPrivilege = "42501"
+	CodeInternalError         = "XX000"
 	CodeInvalidPassword       = "28P01" // password authentication failed
 	CodeLockNotAvailable      = "55P03" // lock_timeout expired
 	CodeQueryCanceled         = "57014" // statement_timeout expired

@@ -430,8 +430,13 @@ type Result struct {
 	// ConflictRetries counts the batches that met an archive row that
 	// existed already while inserting without ON CONFLICT, moved nothing and
 	// ran again with it (not counted in Batches).
-	ConflictRetries int  `json:"conflict_retries"`
-	Drained         bool `json:"drained"`
+	ConflictRetries int `json:"conflict_retries"`
+	// IndexSwapRetries counts the batches that inserted with ON CONFLICT
+	// into a month whose primary key a compaction was swapping for its
+	// rebuilt copy, moved nothing and ran again (not counted in Batches;
+	// see database.ArbiterIndexSwapped).
+	IndexSwapRetries int  `json:"index_swap_retries"`
+	Drained          bool `json:"drained"`
 	// Stopped says why the run ended: drained, deadline, max_duration, canceled.
 	Stopped string `json:"stopped"`
 	// Backlog is the number of expired rows still live after the run, capped at
@@ -645,6 +650,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	// the database's busiest moments.
 	worked := time.Now()
 	raced := 0                 // consecutive batches whose missing partition appeared meanwhile
+	swapped := 0               // consecutive attempts that met a compaction's index swap
 	safe := s.conflicts.safe() // whether batches insert with the conflict clause
 	cuts := s.batches.cutsNow()
 	res.BatchSize = cut(s.cfg.BatchSize, cuts)
@@ -692,6 +698,16 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			res.ConflictRetries++
 			continue
 		}
+		if database.ArbiterIndexSwapped(err) && swapped < maxIndexSwaps {
+			// Nothing moved: the same batch again once the swap is done.
+			swapped++
+			res.IndexSwapRetries++
+			if err := sleepCtx(ctx, s.clip(ctx, start, time.Duration(swapped)*indexSwapWait)); err != nil {
+				res.Stopped = StoppedCanceled
+				return res, canceled(ctx, res)
+			}
+			continue
+		}
 		var missing *MissingPartitionError
 		if errors.As(err, &missing) {
 			created, cerr := s.createPartitions(ctx, missing)
@@ -712,7 +728,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			res.PartitionsCreated = append(res.PartitionsCreated, created...)
 			continue
 		}
-		raced = 0
+		raced, swapped = 0, 0
 		if err != nil {
 			if ctx.Err() != nil {
 				res.Stopped = StoppedCanceled
@@ -758,7 +774,12 @@ func canceled(ctx context.Context, res Result) error {
 // run: a long pause never sleeps into the deadline. The loop's shouldStop
 // then says why it stopped.
 func (s *Sweeper) pauseFor(ctx context.Context, start time.Time, worked time.Duration) time.Duration {
-	d := jitter(pauseAfter(s.cfg.Pause, s.cfg.PauseRatio, worked))
+	return s.clip(ctx, start, jitter(pauseAfter(s.cfg.Pause, s.cfg.PauseRatio, worked)))
+}
+
+// clip cuts a wait of d short so that it ends when the deadline margin or
+// MaxDuration would stop the run.
+func (s *Sweeper) clip(ctx context.Context, start time.Time, d time.Duration) time.Duration {
 	if deadline, ok := ctx.Deadline(); ok {
 		d = min(d, max(0, time.Until(deadline)-s.cfg.DeadlineMargin))
 	}
@@ -966,6 +987,15 @@ func pauseAfter(pause time.Duration, ratio float64, worked time.Duration) time.D
 func jitter(d time.Duration) time.Duration {
 	return d*3/4 + time.Duration(rand.Int64N(int64(d)/2+1))
 }
+
+// maxIndexSwaps bounds the consecutive attempts of a batch that meet a
+// compaction's index swap, each after a wait of indexSwapWait times its
+// number (1.5 s in all): the swap takes milliseconds, and a compaction
+// rebuilds a month's index once.
+const (
+	maxIndexSwaps = 5
+	indexSwapWait = 100 * time.Millisecond
+)
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
