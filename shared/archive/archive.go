@@ -491,7 +491,18 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 // their DateStyle and bytea_output (see boundSQL). The batch runs as one
 // implicit transaction, so the settings are local to it and are gone
 // before the connection returns to the pool.
+//
+// The connection is taken first, and the timeout measured from then: a
+// connection dialed for the batch (TLS, an IAM token) takes its time before
+// the server's timer starts, and a timeout reckoned before the dial would
+// end after the context's backstop, which closes the connection instead of
+// letting the server cancel the query.
 func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
 	timeout := r.cfg.StatementTimeout
 	deadlineBound := false
 	deadline, hasDeadline := ctx.Deadline()
@@ -519,7 +530,7 @@ func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
 	b := &pgx.Batch{}
 	b.Queue(boundSQL, strconv.FormatInt(timeout.Milliseconds(), 10)+"ms")
 	queue(b)
-	err := r.pool.SendBatch(ctx, b).Close()
+	err = conn.SendBatch(ctx, b).Close()
 	if pgErr := (*pgconn.PgError)(nil); deadlineBound && errors.As(err, &pgErr) && pgErr.Code == "57014" {
 		err = fmt.Errorf("%w: %w", ErrDeadlineBound, err)
 	}

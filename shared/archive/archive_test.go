@@ -489,6 +489,51 @@ func TestQueriesAreBoundedByAStatementTimeout(t *testing.T) {
 	require.ErrorContains(t, err, "statement timeout")
 }
 
+// A lookup that must dial its connection first (TLS, an IAM token: slow)
+// still has the server cancel its query at the timeout, which the Reader
+// reckons from when it has the connection: the query ends with the
+// server's 57014 before the context's backstop, and the connection stays
+// in the pool rather than being closed and dialed again by the next lookup.
+func TestATimeoutIsReckonedFromWhenTheConnectionIsReady(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := b.db.NewPool(t, dbtest.AsRole(schema.ReaderRole), func(c *pgxpool.Config) {
+				c.ConnConfig.DefaultQueryExecMode = mode
+				c.MaxConns = 1
+				c.AfterConnect = func(context.Context, *pgx.Conn) error {
+					time.Sleep(150 * time.Millisecond) // a slow dial
+					return nil
+				}
+			})
+			r, err := archive.NewReader(pool, archive.Config{}, nil)
+			require.NoError(t, err)
+			// The lookup waits on a lock until its timeout.
+			tx, err := b.db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, "LOCK TABLE idempotency_archive_plain_keys IN ACCESS EXCLUSIVE MODE")
+			require.NoError(t, err)
+
+			short, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+			_, err = r.Lookup(short, "idem:v1:slow-dial", nil)
+			cancel()
+			require.ErrorIs(t, err, archive.ErrTimeout)
+			require.ErrorIs(t, err, archive.ErrDeadlineBound)
+			require.Equal(t, database.CodeQueryCanceled, database.SQLState(err), "the server cancelled it, not the backstop: %v", err)
+			require.EqualValues(t, 1, pool.Stat().TotalConns(), "the connection stayed in the pool")
+			dialed := pool.Stat().NewConnsCount()
+
+			require.NoError(t, tx.Rollback(ctx))
+			_, err = r.Lookup(ctx, "idem:v1:slow-dial", nil)
+			require.ErrorIs(t, err, archive.ErrNotFound)
+			require.Equal(t, dialed, pool.Stat().NewConnsCount(), "the next lookup dialed again")
+		})
+	}
+}
+
 // An investigation with a narrow created_at window over a broad prefix reads
 // what it returns plus a bounded overhead, not every row of the month.
 func TestANarrowInvestigationReadsLittle(t *testing.T) {
