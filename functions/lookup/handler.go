@@ -71,6 +71,18 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	requestID := fnenv.RequestID(ctx)
 	var sh shape
 	if err := json.Unmarshal(payload, &sh); err != nil {
+		// An API Gateway event whose fields are not of their types is
+		// answered in an event's shape, as below.
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(payload, &fields) == nil {
+			r := h.api.ErrorResponse(ctx, badPayload(err), requestID)
+			if _, ok := fields["rawPath"]; ok {
+				return h.respond(ctx, events.APIGatewayV2HTTPResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+			}
+			if _, ok := fields["httpMethod"]; ok {
+				return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+			}
+		}
 		return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
 	}
 	switch {
@@ -224,7 +236,9 @@ func jsonKind(t reflect.Type) string {
 	case reflect.Bool:
 		return "a boolean"
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number in range"
+	case reflect.Float32, reflect.Float64:
 		return "a number"
 	case reflect.Slice, reflect.Array:
 		return "an array"

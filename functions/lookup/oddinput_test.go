@@ -142,7 +142,9 @@ func TestAWrongJSONTypeIsSaidWithoutGoNames(t *testing.T) {
 	b := setup(t)
 	for _, tc := range []struct{ payload, detail string }{
 		{`{"scoped_key": 12}`, "scoped_key: expected a string, got number"},
-		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": "ten"}`, "limit: expected a number, got string"},
+		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": "ten"}`, "limit: expected a whole number in range, got string"},
+		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": 2.5}`, "limit: expected a whole number in range, got number 2.5"},
+		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": 1e99}`, "limit: expected a whole number in range, got number 1e99"},
 		{`["idem:v1:probe"]`, "the payload: expected an object, got array"},
 	} {
 		var resp struct {
@@ -160,9 +162,13 @@ func TestAWrongJSONTypeIsSaidWithoutGoNames(t *testing.T) {
 	// API Gateway events with a field of the wrong type are answered in
 	// their own shape (an answer without a statusCode would reach the
 	// client as a 200).
-	for _, event := range []string{
-		`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","requestContext":{"http":{"method":"GET"}},"queryStringParameters":{"fingerprint":7}}`,
-		`{"httpMethod":"GET","path":"/v1/archive/keys/idem:v1:probe","queryStringParameters":{"fingerprint":7}}`,
+	for event, detail := range map[string]string{
+		`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","requestContext":{"http":{"method":"GET"}},"queryStringParameters":{"fingerprint":7}}`: "queryStringParameters: expected a string, got number",
+		`{"httpMethod":"GET","path":"/v1/archive/keys/idem:v1:probe","queryStringParameters":{"fingerprint":7}}`:                                            "queryStringParameters: expected a string, got number",
+		// Fields the first look at the event reads.
+		`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","requestContext":{"domainName":7,"http":{"method":"GET"}}}`: "requestContext.domainName: expected a string, got number",
+		`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","requestContext":"x"}`:                                      "requestContext: expected an object, got string",
+		`{"httpMethod":7,"path":"/v1/archive/keys/idem:v1:probe"}`:                                                               "httpMethod: expected a string, got number",
 	} {
 		var resp struct {
 			StatusCode int
@@ -173,7 +179,7 @@ func TestAWrongJSONTypeIsSaidWithoutGoNames(t *testing.T) {
 		var p problem
 		require.NoError(t, json.Unmarshal([]byte(resp.Body), &p), "%q", resp.Body)
 		require.Equal(t, "bad_request", p.Code)
-		require.Contains(t, p.Detail, "queryStringParameters: expected a string, got number")
+		require.Contains(t, p.Detail, detail)
 		require.NotContains(t, p.Detail, "Go ")
 		require.NotContains(t, p.Detail, "events.")
 	}
