@@ -52,6 +52,34 @@ func TestABatchThatMeetsAnIndexSwapRunsAgain(t *testing.T) {
 	require.Equal(t, 1, res.Batches)
 	require.EqualValues(t, 1, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:swapped'"))
 
+	// The waits are not cut at MaxDuration (which stops a run only after a
+	// batch: the attempts left would run back to back into the same swap).
+	failFirst(2)
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:swapped-short", Status: 201, ExpiresAt: expired})
+	res, err = newSweeper(t, b.sweeper, sweep.Config{MaxDuration: time.Millisecond}, b.parts, nil).Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.IndexSwapRetries)
+	require.EqualValues(t, 1, res.Moved)
+	require.GreaterOrEqual(t, res.DurationMS, int64(300), "the waits (100 and 200 ms) ran in full")
+
+	// Nor does the pause ratio count them as work.
+	failFirst(2)
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:swapped-1", Status: 201, ExpiresAt: expired},
+		dbtest.LiveRow{Key: "idem:v1:swapped-2", Status: 201, ExpiresAt: expired})
+	ratio := newSweeper(t, b.sweeper, sweep.Config{BatchSize: 1, Pause: time.Millisecond, PauseRatio: 10}, b.parts, nil)
+	var pauses []time.Duration
+	ratio.SetSleep(func(_ context.Context, d time.Duration) error { pauses = append(pauses, d); return nil })
+	res, err = ratio.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.IndexSwapRetries)
+	require.EqualValues(t, 2, res.Moved)
+	require.NotEmpty(t, pauses)
+	// 1 ms + 10 × the first batch's own work, jittered by 25%, where the
+	// 300 ms of waits would make it 2.25 s or more: a batch of a row takes
+	// milliseconds.
+	require.Less(t, pauses[0], 2*time.Second, "the pause counted the waits as work")
+
 	// Six in a row: the run fails with PostgreSQL's error, and the row waits.
 	failFirst(6)
 	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:still-swapped", Status: 201, ExpiresAt: expired})

@@ -431,10 +431,11 @@ type Result struct {
 	// existed already while inserting without ON CONFLICT, moved nothing and
 	// ran again with it (not counted in Batches).
 	ConflictRetries int `json:"conflict_retries"`
-	// IndexSwapRetries counts the batches that inserted with ON CONFLICT
-	// into a month whose primary key a compaction was swapping for its
-	// rebuilt copy, moved nothing and ran again (not counted in Batches;
-	// see database.ArbiterIndexSwapped).
+	// IndexSwapRetries counts the attempts of a batch that inserted with
+	// ON CONFLICT into a month whose primary key a compaction was swapping
+	// for its rebuilt copy, moved nothing and ran again, after a wait (up
+	// to 5 in a row; not counted in Batches; see
+	// database.ArbiterIndexSwapped).
 	IndexSwapRetries int  `json:"index_swap_retries"`
 	Drained          bool `json:"drained"`
 	// Stopped says why the run ended: drained, deadline, max_duration, canceled.
@@ -702,10 +703,17 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			// Nothing moved: the same batch again once the swap is done.
 			swapped++
 			res.IndexSwapRetries++
-			if err := sleepCtx(ctx, s.clip(ctx, start, time.Duration(swapped)*indexSwapWait)); err != nil {
+			// The wait ends at the deadline margin (the loop then stops),
+			// not at MaxDuration, which stops a run only once a batch has
+			// moved rows: cut short there, the attempts left would run back
+			// to back into the same swap. Waiting is no work: the pause
+			// ratio's base leaves it out.
+			waited := time.Now()
+			if err := sleepCtx(ctx, s.beforeMargin(ctx, time.Duration(swapped)*indexSwapWait)); err != nil {
 				res.Stopped = StoppedCanceled
 				return res, canceled(ctx, res)
 			}
+			worked = worked.Add(time.Since(waited))
 			continue
 		}
 		var missing *MissingPartitionError
@@ -774,17 +782,18 @@ func canceled(ctx context.Context, res Result) error {
 // run: a long pause never sleeps into the deadline. The loop's shouldStop
 // then says why it stopped.
 func (s *Sweeper) pauseFor(ctx context.Context, start time.Time, worked time.Duration) time.Duration {
-	return s.clip(ctx, start, jitter(pauseAfter(s.cfg.Pause, s.cfg.PauseRatio, worked)))
-}
-
-// clip cuts a wait of d short so that it ends when the deadline margin or
-// MaxDuration would stop the run.
-func (s *Sweeper) clip(ctx context.Context, start time.Time, d time.Duration) time.Duration {
-	if deadline, ok := ctx.Deadline(); ok {
-		d = min(d, max(0, time.Until(deadline)-s.cfg.DeadlineMargin))
-	}
+	d := s.beforeMargin(ctx, jitter(pauseAfter(s.cfg.Pause, s.cfg.PauseRatio, worked)))
 	if s.cfg.MaxDuration > 0 {
 		d = min(d, max(0, s.cfg.MaxDuration-time.Since(start)))
+	}
+	return d
+}
+
+// beforeMargin cuts a wait of d short so that it ends when the deadline
+// margin would stop the run.
+func (s *Sweeper) beforeMargin(ctx context.Context, d time.Duration) time.Duration {
+	if deadline, ok := ctx.Deadline(); ok {
+		d = min(d, max(0, time.Until(deadline)-s.cfg.DeadlineMargin))
 	}
 	return d
 }
