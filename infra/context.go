@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -57,6 +60,8 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 		LookupReservedConcurrency:    c.intPtr("lookupReservedConcurrency"),
 		LookupProvisionedConcurrency: c.int("lookupProvisionedConcurrency"),
 		APIBurstLimit:                c.float("apiBurstLimit"),
+		APIInvestigationRateLimit:    c.float("apiInvestigationRateLimit"),
+		APIInvestigationBurstLimit:   c.float("apiInvestigationBurstLimit"),
 	}
 	// The CLI sets these from the credentials in use; make synth leaves the
 	// stack environment-agnostic.
@@ -64,6 +69,78 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 		p.Env = &awscdk.Environment{Account: jsii.String(acct), Region: jsii.String(region)}
 	}
 	return p, c.str("stackName", DefaultStackName), c.err
+}
+
+// contextKeys are the context keys propsFromContext reads.
+func contextKeys() []string {
+	var keys []string
+	_, _, _ = propsFromContext(func(name *string) any {
+		keys = append(keys, *name)
+		return nil
+	})
+	return keys
+}
+
+// ourKey matches a key shaped like the stack's own (a plain camelCase
+// name). The CDK's own keys and its lookups' (aws:cdk:..., @aws-cdk/...,
+// availability-zones:...) and other tools' (acknowledged-issue-numbers)
+// hold ':', '/', '@' or '-'.
+var ourKey = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]*$`)
+
+// checkContextKeys refuses a context key shaped like the stack's own that
+// is none of them: a misspelt key (alarmEmial, deletionprotection) would
+// otherwise deploy the default without a word. The error names the key it
+// most likely meant.
+func checkContextKeys(all map[string]any) error {
+	known := contextKeys()
+	var unknown []string
+	for k := range all {
+		if ourKey.MatchString(k) && !slices.Contains(known, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	k := unknown[0]
+	// The key it most likely meant: one a letter or three away, or the
+	// one that holds it (retentionMonths: partitionRetentionMonths).
+	best, dist := "", math.MaxInt
+	for _, name := range known {
+		d := editDistance(strings.ToLower(k), strings.ToLower(name))
+		if strings.Contains(strings.ToLower(name), strings.ToLower(k)) {
+			d = min(d, 3)
+		}
+		if d < dist {
+			best, dist = name, d
+		}
+	}
+	if dist <= 3 {
+		return fmt.Errorf("context %s: no such setting: did you mean %s? (infra/README.md lists them)", k, best)
+	}
+	return fmt.Errorf("context %s: no such setting (infra/README.md lists them)", k)
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // zeroMeans lists the numeric props whose zero means something (0 months of

@@ -41,6 +41,10 @@ func run(outdir string, context map[string]any) error {
 		ctx[k] = v
 	}
 	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(outdir), Context: &ctx})
+	all, _ := app.Node().GetAllContext(nil).(map[string]any)
+	if err := checkContextKeys(all); err != nil {
+		return err
+	}
 	props, name, err := propsFromContext(app.Node().TryGetContext)
 	if err != nil {
 		return err

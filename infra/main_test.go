@@ -162,3 +162,29 @@ func TestSynthWritesTheTemplateSAMCanInvoke(t *testing.T) {
 	}
 	require.Equal(t, len(stack.FunctionNames), ours)
 }
+
+// A context key shaped like the stack's own that is none of them is a
+// mistake: the synth fails naming it and the key it most likely meant,
+// instead of deploying the default without a word. The CDK's own keys (and
+// its lookups', and other tools') are left alone.
+func TestAMisspeltContextKeyFailsTheSynth(t *testing.T) {
+	code := t.TempDir()
+	for _, fn := range stack.FunctionNames {
+		require.NoError(t, os.WriteFile(filepath.Join(code, fn+".zip"), []byte(fn), 0o644))
+	}
+	for key, want := range map[string]string{
+		"alarmEmial":         "context alarmEmial: no such setting: did you mean alarmEmail?",
+		"deletionprotection": "context deletionprotection: no such setting: did you mean deletionProtection?",
+		"retentionMonths":    "context retentionMonths: no such setting: did you mean partitionRetentionMonths?",
+		"frobnicate":         "context frobnicate: no such setting (infra/README.md lists them)",
+	} {
+		err := run(t.TempDir(), map[string]any{"codeDir": code, key: "x"})
+		require.ErrorContains(t, err, want, key)
+	}
+	require.NoError(t, run(t.TempDir(), map[string]any{
+		"codeDir": code,
+		"@aws-cdk/aws-lambda:recognizeLayerVersion":                true,
+		"availability-zones:account=123456789012:region=eu-west-1": []any{"eu-west-1a"},
+		"acknowledged-issue-numbers":                               []any{34892},
+	}))
+}

@@ -17,7 +17,7 @@ import (
 var stackProperties = []string{
 	"ServiceToken", "ServiceTimeout",
 	"SweeperUser", "ReaderUser", "OwnerUser", "WriterUser",
-	"PackageSha256", "LeadMonths", "RetentionMonths",
+	"PackageSha256", "LeadMonths", "RetentionMonths", "DatabaseId",
 }
 
 // The sample events are what a deploy of the stack sends, property for

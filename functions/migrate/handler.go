@@ -51,9 +51,10 @@ type properties struct {
 }
 
 // triggers are properties that exist only to make CloudFormation send an
-// Update when they change (a new package, another partition lead); the run
-// reads its configuration from the environment.
-var triggers = []string{"PackageSha256", "LeadMonths", "RetentionMonths"}
+// Update when they change (a new package, another partition lead, a
+// database replaced by a new one); the run reads its configuration from the
+// environment.
+var triggers = []string{"PackageSha256", "LeadMonths", "RetentionMonths", "DatabaseId"}
 
 // readByCloudFormation are the properties CloudFormation itself reads and passes
 // on in every event: the function's ARN, and how long it waits for an answer

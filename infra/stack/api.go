@@ -14,7 +14,12 @@ import (
 )
 
 // Routes are the lookup function's routes (shared/lookupapi), all GET.
-var Routes = []string{"/v1/archive/lookup", "/v1/archive/keys", "/v1/archive/keys/{key+}"}
+var Routes = []string{"/v1/archive/lookup", InvestigationRoute, "/v1/archive/keys/{key+}"}
+
+// InvestigationRoute lists archived keys under a prefix and a window
+// (archive.Reader.Investigate): throttled on its own (see
+// Props.APIInvestigationRateLimit), and left out of GrantAPILookupInvoke.
+const InvestigationRoute = "/v1/archive/keys"
 
 // API is the HTTP API in front of the lookup function. Every route requires
 // IAM authorization (SigV4-signed requests, allowed by execute-api:Invoke on
@@ -66,9 +71,20 @@ func NewAPI(scope constructs.Construct, id string, lookup, function awslambda.IF
 		RemovalPolicy: logRemoval(p),
 	})
 	format, _ := json.Marshal(accessLogFormat)
-	stage.Node().DefaultChild().(awsapigatewayv2.CfnStage).SetAccessLogSettings(&awsapigatewayv2.CfnStage_AccessLogSettingsProperty{
+	cfnStage := stage.Node().DefaultChild().(awsapigatewayv2.CfnStage)
+	cfnStage.SetAccessLogSettings(&awsapigatewayv2.CfnStage_AccessLogSettingsProperty{
 		DestinationArn: accessLogs.LogGroupArn(),
 		Format:         jsii.String(string(format)),
+	})
+	// Investigations share the lookup function (and its reserved and
+	// provisioned concurrency) with the payment path's lookups, and each
+	// may run for its statement timeout: a throttle of their own keeps a
+	// burst of them from taking the concurrency lookups need.
+	cfnStage.SetRouteSettings(map[string]any{
+		"GET " + InvestigationRoute: map[string]any{
+			"ThrottlingRateLimit":  p.APIInvestigationRateLimit,
+			"ThrottlingBurstLimit": p.APIInvestigationBurstLimit,
+		},
 	})
 	return &API{Construct: c, HTTPAPI: api, grantee: function}
 }
@@ -98,8 +114,24 @@ func (a *API) GrantLookupInvoke(grantee awsiam.IGrantable) awsiam.Grant {
 	return a.grantee.GrantInvoke(grantee)
 }
 
+// GrantAPILookupInvoke lets a role look keys up over HTTP
+// (execute-api:Invoke on GET /v1/archive/lookup and /v1/archive/keys/*),
+// without investigations: what a service's late-retry check needs.
+func (a *API) GrantAPILookupInvoke(grantee awsiam.IGrantable) awsiam.Grant {
+	return awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+		Grantee: grantee,
+		Actions: jsii.Strings("execute-api:Invoke"),
+		ResourceArns: jsii.Strings(
+			*a.HTTPAPI.ArnForExecuteApi(jsii.String("GET"), jsii.String("/v1/archive/lookup"), nil),
+			*a.HTTPAPI.ArnForExecuteApi(jsii.String("GET"), jsii.String(InvestigationRoute+"/*"), nil),
+		),
+	})
+}
+
 // GrantAPIInvoke lets a role call every route of the API
-// (execute-api:Invoke), for services that prefer HTTP.
+// (execute-api:Invoke), investigations included: for operators and
+// incident tooling. A service that only checks late retries needs
+// GrantAPILookupInvoke.
 func (a *API) GrantAPIInvoke(grantee awsiam.IGrantable) awsiam.Grant {
 	return awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
 		Grantee:      grantee,

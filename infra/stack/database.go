@@ -57,10 +57,12 @@ func NewDatabase(scope constructs.Construct, id string, net *Network, p Props) *
 	c := constructs.NewConstruct(scope, jsii.String(id))
 	db := &Database{Construct: c, aurora: p.Aurora}
 	creds := awsrds.Credentials_FromGeneratedSecret(jsii.String(MasterUser), nil)
-	removal := awscdk.RemovalPolicy_DESTROY
-	if *p.DeletionProtection {
-		removal = awscdk.RemovalPolicy_SNAPSHOT
-	}
+	// A final snapshot, always: when the stack is deleted (once deletion
+	// protection is off, or was never on) and when a deploy replaces the
+	// database (aurora switched). A test stack leaves a snapshot to delete
+	// by hand; a production stack whose protection was turned off for a
+	// moment never loses the archive for good.
+	removal := awscdk.RemovalPolicy_SNAPSHOT
 
 	var (
 		target      awsrds.ProxyTarget

@@ -31,7 +31,10 @@ type Migration struct {
 // NewMigration builds the custom resource. CloudFormation sends Update only
 // when a property changes, so the properties carry a digest of the migrate
 // package, which embeds the migrations: a new migration runs on the deploy
-// that ships it, and an unchanged deploy runs nothing.
+// that ships it, and an unchanged deploy runs nothing. They also carry the
+// database's resource id: a deploy that replaces the database (switching
+// aurora, say) migrates the new one in the same deploy, instead of leaving
+// every function on a database without a schema or users.
 func NewMigration(scope constructs.Construct, id string, net *Network, db *Database, fns *Functions, p Props) (*Migration, error) {
 	c := constructs.NewConstruct(scope, jsii.String(id))
 	digest, err := fileDigest(filepath.Join(p.CodeDir, "migrate.zip"))
@@ -49,6 +52,7 @@ func NewMigration(scope constructs.Construct, id string, net *Network, db *Datab
 			"PackageSha256":   digest,
 			"LeadMonths":      fmt.Sprint(p.PartitionLeadMonths),
 			"RetentionMonths": fmt.Sprint(p.PartitionRetentionMonths),
+			"DatabaseId":      db.resourceID,
 		},
 		// The archive is permanent: deleting the stack never drops it (the
 		// database's own removal policy decides what remains).

@@ -70,6 +70,11 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 		})
 		if p.AlarmEmail != "" {
 			topic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(p.AlarmEmail), nil))
+		} else {
+			// Said at every synth and deploy: alarms that reach nobody
+			// are a silent archive (a sweep that stopped, a lookup 5xx).
+			awscdk.Annotations_Of(topic).AddWarningV2(jsii.String("idemarchive:alarmsUnrouted"),
+				jsii.String("no alarmEmail or alarmTopicArn: the alarm topic has no subscriber, so no alarm reaches anyone until you subscribe to it"), nil)
 		}
 		m.Page = topic
 	}
@@ -413,7 +418,7 @@ func databaseAlarms(db *Database, alarm alarmFunc, m *Monitoring) {
 	}
 	alarm("db-busy", db.Metric(busy, "Average", five), m.Notify, &awscloudwatch.CreateAlarmOptions{
 		AlarmDescription: jsii.String(fmt.Sprintf("The database's %s has been over %d%% for 15 minutes: lookups on the payment path slow down with it. "+
-			"What to do: check the sweep's pace (SweepPause, SweepPauseRatio, SweepBatchSize: a higher ratio makes it yield more) and Performance Insights for the heaviest queries; move to a larger instance class or raise AuroraMaxCapacity.", what, DatabaseBusyPercent)),
+			"What to do: check the sweep's pace (SweepPause, SweepPauseRatio, SweepBatchSize: a higher ratio makes it yield more) and the heaviest queries (pg_stat_statements, or Performance Insights once enabled on the database: the stack does not enable it); move to a larger instance class or raise AuroraMaxCapacity.", what, DatabaseBusyPercent)),
 		Threshold:          jsii.Number(DatabaseBusyPercent),
 		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 		EvaluationPeriods:  jsii.Number(3),

@@ -49,6 +49,12 @@ func suppress(s *Stack) {
 			"an operator reads it when its alarm fires. A queue behind it would hold nothing.")
 	on(fns.Failures, "Serverless-SQSRedrivePolicy",
 		"Same queue: it has no consumer to fail, so no redrive policy applies.")
+	if p.AlarmEmail != "" && p.AlarmTopicArn == "" {
+		on(s.Monitoring.Construct, "Serverless-SNSRedrivePolicy",
+			"The alarmEmail subscription: an email that cannot be delivered loses a notification, not the alarm, which stays in ALARM "+
+				"in CloudWatch and on the dashboard; a dead-letter queue would hold messages no one reads. Route alarms through "+
+				"alarmTopicArn for delivery guarantees of your own.")
+	}
 
 	if !p.Aurora {
 		db := s.Database.Construct

@@ -18,7 +18,7 @@ import (
 // with props and returns every unsuppressed finding, errors and warnings.
 func findings(t *testing.T, mutate func(*Props)) []string {
 	t.Helper()
-	p := Props{CodeDir: placeholderCode(t)}
+	p := Props{CodeDir: placeholderCode(t), AlarmEmail: "oncall@example.com"}
 	if mutate != nil {
 		mutate(&p)
 	}
@@ -39,6 +39,14 @@ func findings(t *testing.T, mutate func(*Props)) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// A stack whose alarms reach nobody says so at synth.
+func TestAlarmsThatReachNobodyAreAWarning(t *testing.T) {
+	warning := "/Nag/Monitoring/Alarms: no alarmEmail or alarmTopicArn: the alarm topic has no subscriber, so no alarm reaches anyone until you subscribe to it [ack: idemarchive:alarmsUnrouted]"
+	require.Contains(t, findings(t, func(p *Props) { p.AlarmEmail = "" }), warning)
+	require.NotContains(t, findings(t, nil), warning)
+	require.NotContains(t, findings(t, func(p *Props) { p.AlarmEmail, p.AlarmTopicArn = "", "arn:aws:sns:eu-west-1:123456789012:pager" }), warning)
 }
 
 func TestNagPacksFindNothingUnsuppressed(t *testing.T) {

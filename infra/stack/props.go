@@ -149,6 +149,12 @@ type Props struct {
 	// APIRateLimit and APIBurstLimit throttle the HTTP API's default stage
 	// (requests per second, and burst). Defaults 200 and 400.
 	APIRateLimit, APIBurstLimit float64
+	// APIInvestigationRateLimit and APIInvestigationBurstLimit throttle the
+	// investigation route (GET /v1/archive/keys) on its own, below the
+	// stage: investigations run on the lookup function, whose concurrency
+	// the payment path's lookups need, and each may take its statement
+	// timeout. Defaults 10 and 20.
+	APIInvestigationRateLimit, APIInvestigationBurstLimit float64
 }
 
 // Database user names, one per function: each connects through the proxy as
@@ -214,6 +220,12 @@ func (p Props) withDefaults() Props {
 	if p.APIBurstLimit == 0 {
 		p.APIBurstLimit = 400
 	}
+	if p.APIInvestigationRateLimit == 0 {
+		p.APIInvestigationRateLimit = 10
+	}
+	if p.APIInvestigationBurstLimit == 0 {
+		p.APIInvestigationBurstLimit = 20
+	}
 	return p
 }
 
@@ -235,6 +247,7 @@ func (p Props) validate() error {
 	for name, v := range map[string]float64{
 		"ArchiveBytesPerRowBaseline": p.ArchiveBytesPerRowBaseline, "AuroraMinCapacity": p.AuroraMinCapacity,
 		"AuroraMaxCapacity": p.AuroraMaxCapacity, "APIRateLimit": p.APIRateLimit, "APIBurstLimit": p.APIBurstLimit,
+		"APIInvestigationRateLimit": p.APIInvestigationRateLimit, "APIInvestigationBurstLimit": p.APIInvestigationBurstLimit,
 	} {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			return fmt.Errorf("%s must be a positive finite number (or 0 for the default), got %v", name, v)
@@ -245,6 +258,26 @@ func (p Props) validate() error {
 	}
 	if p.AuroraMinCapacity > p.AuroraMaxCapacity {
 		return fmt.Errorf("AuroraMinCapacity %.1f is above AuroraMaxCapacity %.1f", p.AuroraMinCapacity, p.AuroraMaxCapacity)
+	}
+	// Aurora Serverless v2's own bounds, said here rather than as a jsii
+	// panic at synth or a failed deploy.
+	for name, v := range map[string]float64{"AuroraMinCapacity": p.AuroraMinCapacity, "AuroraMaxCapacity": p.AuroraMaxCapacity} {
+		if v > 256 || math.Mod(v, 0.5) != 0 {
+			return fmt.Errorf("%s must be a multiple of 0.5 ACU, at most 256, got %v", name, v)
+		}
+	}
+	if p.AuroraMaxCapacity < 1 {
+		return fmt.Errorf("AuroraMaxCapacity must be at least 1 ACU (Aurora Serverless v2's least maximum), got %v", p.AuroraMaxCapacity)
+	}
+	// CloudFormation types a burst limit as an integer.
+	for name, v := range map[string]float64{"APIBurstLimit": p.APIBurstLimit, "APIInvestigationBurstLimit": p.APIInvestigationBurstLimit} {
+		if v != math.Trunc(v) || v > math.MaxInt32 {
+			return fmt.Errorf("%s must be a whole number of requests, at most %d, got %v", name, math.MaxInt32, v)
+		}
+	}
+	if p.APIInvestigationRateLimit > p.APIRateLimit || p.APIInvestigationBurstLimit > p.APIBurstLimit {
+		return fmt.Errorf("APIInvestigationRateLimit and APIInvestigationBurstLimit (%v, %v) must be at most APIRateLimit and APIBurstLimit (%v, %v): the route's throttle replaces the stage's for it",
+			p.APIInvestigationRateLimit, p.APIInvestigationBurstLimit, p.APIRateLimit, p.APIBurstLimit)
 	}
 	for name, d := range map[string]time.Duration{"PartitionStatementTimeout": p.PartitionStatementTimeout, "PartitionLockTimeout": p.PartitionLockTimeout} {
 		if d > MaxPartitionStatementTimeout {

@@ -239,12 +239,15 @@ func TestAuroraServerlessV2Option(t *testing.T) {
 func TestDeletionProtectionCanBeTurnedOff(t *testing.T) {
 	// GIVEN a throwaway stack
 	b := setup(t, func(p *Props) { p.DeletionProtection = ptr(false) })
-	// THEN the instance is neither protected nor snapshotted on delete
+	// THEN the instance is not protected, and still snapshotted when the
+	// stack is deleted or a deploy replaces it
 	b.template.HasResourceProperties(jsii.String("AWS::RDS::DBInstance"), map[string]any{"DeletionProtection": false})
-	b.template.HasResource(jsii.String("AWS::RDS::DBInstance"), map[string]any{"DeletionPolicy": "Delete"})
-	// AND by default it is snapshotted
+	b.template.HasResource(jsii.String("AWS::RDS::DBInstance"), map[string]any{"DeletionPolicy": "Snapshot", "UpdateReplacePolicy": "Snapshot"})
+	// AND so is a protected one, and an Aurora cluster
 	b = setup(t, nil)
-	b.template.HasResource(jsii.String("AWS::RDS::DBInstance"), map[string]any{"DeletionPolicy": "Snapshot"})
+	b.template.HasResource(jsii.String("AWS::RDS::DBInstance"), map[string]any{"DeletionPolicy": "Snapshot", "UpdateReplacePolicy": "Snapshot"})
+	b = setup(t, func(p *Props) { p.Aurora, p.DeletionProtection = true, ptr(false) })
+	b.template.HasResource(jsii.String("AWS::RDS::DBCluster"), map[string]any{"DeletionPolicy": "Snapshot", "UpdateReplacePolicy": "Snapshot"})
 }
 
 func TestSchedulesFitTheSweepTimeout(t *testing.T) {
@@ -375,6 +378,7 @@ func TestMigrationCustomResource(t *testing.T) {
 			"PackageSha256":   digest,
 			"LeadMonths":      "3",
 			"RetentionMonths": "0",
+			"DatabaseId":      getAtt(b.onlyID(t, "AWS::RDS::DBInstance"), "DbiResourceId"),
 		},
 		"DeletionPolicy": "Retain",
 		// It waits for the proxy's target (and the database) to exist.
@@ -391,6 +395,24 @@ func TestMigrationCustomResource(t *testing.T) {
 	again := assertions.NewCapture(nil)
 	changed.template.HasResourceProperties(jsii.String(SchemaResourceType), map[string]any{"PackageSha256": again})
 	require.NotEqual(t, first, *again.AsString())
+
+	// WHEN the database is replaced by another (aurora switched on)
+	aurora := setup(t, func(p *Props) { p.Aurora = true })
+	// THEN the property names the new one, so the same deploy migrates it
+	aurora.template.HasResourceProperties(jsii.String(SchemaResourceType), map[string]any{
+		"DatabaseId": getAtt(aurora.onlyID(t, "AWS::RDS::DBCluster"), "DBClusterResourceId"),
+	})
+}
+
+// onlyID returns the logical id of the one resource of a type.
+func (b bundle) onlyID(t *testing.T, typ string) string {
+	t.Helper()
+	var ids []string
+	for id := range b.ofType(typ) {
+		ids = append(ids, id)
+	}
+	require.Len(t, ids, 1, "one %s", typ)
+	return ids[0]
 }
 
 func TestPropsAreValidatedAtSynth(t *testing.T) {
@@ -411,6 +433,10 @@ func TestPropsAreValidatedAtSynth(t *testing.T) {
 		"NaN baseline":           {Props{CodeDir: code, ArchiveBytesPerRowBaseline: math.NaN()}, "ArchiveBytesPerRowBaseline must be a positive finite number"},
 		"infinite rate":          {Props{CodeDir: code, APIRateLimit: math.Inf(1)}, "APIRateLimit must be a positive finite number"},
 		"negative burst":         {Props{CodeDir: code, APIBurstLimit: -1}, "APIBurstLimit must be a positive finite number"},
+		"fractional burst":       {Props{CodeDir: code, APIBurstLimit: 0.5}, "APIBurstLimit must be a whole number of requests"},
+		"aurora above 256":       {Props{CodeDir: code, Aurora: true, AuroraMaxCapacity: 1000}, "AuroraMaxCapacity must be a multiple of 0.5 ACU, at most 256, got 1000"},
+		"aurora off the steps":   {Props{CodeDir: code, Aurora: true, AuroraMinCapacity: 0.75}, "AuroraMinCapacity must be a multiple of 0.5 ACU"},
+		"aurora max below 1":     {Props{CodeDir: code, Aurora: true, AuroraMaxCapacity: 0.5}, "AuroraMaxCapacity must be at least 1 ACU"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := New(awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())}), "Test", tc.props)
