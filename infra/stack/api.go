@@ -51,12 +51,16 @@ func NewAPI(scope constructs.Construct, id string, lookup, function awslambda.IF
 			// Explicit: the function tells the shapes apart by "version".
 			PayloadFormatVersion: awsapigatewayv2.PayloadFormatVersion_VERSION_2_0(),
 		})
+	var investigations []awsapigatewayv2.HttpRoute
 	for _, path := range Routes {
-		api.AddRoutes(&awsapigatewayv2.AddRoutesOptions{
+		routes := api.AddRoutes(&awsapigatewayv2.AddRoutesOptions{
 			Path:        jsii.String(path),
 			Methods:     &[]awsapigatewayv2.HttpMethod{awsapigatewayv2.HttpMethod_GET},
 			Integration: integration,
 		})
+		if path == InvestigationRoute {
+			investigations = *routes
+		}
 	}
 	stage := api.AddStage(jsii.String("DefaultStage"), &awsapigatewayv2.HttpStageOptions{
 		StageName:  jsii.String("$default"),
@@ -86,6 +90,13 @@ func NewAPI(scope constructs.Construct, id string, lookup, function awslambda.IF
 			"ThrottlingBurstLimit": p.APIInvestigationBurstLimit,
 		},
 	})
+	// API Gateway refuses settings for a route that does not exist yet
+	// ("Unable to find Route by key"), and nothing else orders the stage
+	// after the routes, which wait for the function: on a new stack the
+	// stage would come first.
+	for _, r := range investigations {
+		stage.Node().AddDependency(r)
+	}
 	return &API{Construct: c, HTTPAPI: api, grantee: function}
 }
 

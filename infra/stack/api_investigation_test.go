@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/stretchr/testify/require"
@@ -28,6 +29,23 @@ func TestInvestigationsAreThrottledOnTheirOwn(t *testing.T) {
 		found = found || r.Properties["RouteKey"] == "GET "+InvestigationRoute
 	}
 	require.True(t, found, "no route GET %s", InvestigationRoute)
+	// AND the stage waits for that route: API Gateway refuses settings for
+	// a route it cannot find, and the route waits for the function
+	for id, r := range b.ofType("AWS::ApiGatewayV2::Route") {
+		if r.Properties["RouteKey"] == "GET "+InvestigationRoute {
+			b.template.HasResource(jsii.String("AWS::ApiGatewayV2::Stage"), map[string]any{
+				"DependsOn": assertions.Match_ArrayWith(&[]any{id}),
+			})
+		}
+	}
+
+	// AND a stage throttled below the defaults takes them down with it
+	b = setup(t, func(p *Props) { p.APIRateLimit, p.APIBurstLimit = 5, 8 })
+	b.template.HasResourceProperties(jsii.String("AWS::ApiGatewayV2::Stage"), map[string]any{
+		"RouteSettings": map[string]any{
+			"GET /v1/archive/keys": map[string]any{"ThrottlingRateLimit": 5, "ThrottlingBurstLimit": 8},
+		},
+	})
 
 	b = setup(t, func(p *Props) { p.APIInvestigationRateLimit, p.APIInvestigationBurstLimit = 2, 4 })
 	b.template.HasResourceProperties(jsii.String("AWS::ApiGatewayV2::Stage"), map[string]any{

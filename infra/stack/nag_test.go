@@ -2,6 +2,7 @@ package stack
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -51,15 +52,19 @@ func TestAlarmsThatReachNobodyAreAWarning(t *testing.T) {
 
 func TestNagPacksFindNothingUnsuppressed(t *testing.T) {
 	for name, mutate := range map[string]func(*Props){
-		"rds instance":   nil,
-		"aurora":         func(p *Props) { p.Aurora = true },
-		"localstack":     func(p *Props) { p.RotateMasterSecret, p.DeletionProtection = ptr(false), ptr(false) },
+		"rds instance": nil,
+		"aurora":       func(p *Props) { p.Aurora = true },
+		"localstack": func(p *Props) {
+			p.RotateMasterSecret, p.DeletionProtection, p.AlarmEmail = ptr(false), ptr(false), ""
+		},
 		"existing topic": func(p *Props) { p.AlarmTopicArn = "arn:aws:sns:eu-west-1:123456789012:pager" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			// GIVEN the stack, WHEN the AwsSolutions and Serverless packs
 			// run, THEN every finding is fixed or suppressed with a reason
-			got := findings(t, mutate)
+			// (the stack's own warning that alarms reach nobody is not
+			// cdk-nag's: TestAlarmsThatReachNobodyAreAWarning)
+			got := slices.DeleteFunc(findings(t, mutate), func(f string) bool { return strings.Contains(f, "[ack: idemarchive:alarmsUnrouted]") })
 			require.Empty(t, got, "unsuppressed cdk-nag findings:\n%s", strings.Join(got, "\n"))
 		})
 	}

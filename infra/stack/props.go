@@ -153,7 +153,7 @@ type Props struct {
 	// investigation route (GET /v1/archive/keys) on its own, below the
 	// stage: investigations run on the lookup function, whose concurrency
 	// the payment path's lookups need, and each may take its statement
-	// timeout. Defaults 10 and 20.
+	// timeout. Defaults 10 and 20, or the stage's limits when lower.
 	APIInvestigationRateLimit, APIInvestigationBurstLimit float64
 }
 
@@ -220,11 +220,12 @@ func (p Props) withDefaults() Props {
 	if p.APIBurstLimit == 0 {
 		p.APIBurstLimit = 400
 	}
+	// The defaults follow a stage throttled below them.
 	if p.APIInvestigationRateLimit == 0 {
-		p.APIInvestigationRateLimit = 10
+		p.APIInvestigationRateLimit = min(10, p.APIRateLimit)
 	}
 	if p.APIInvestigationBurstLimit == 0 {
-		p.APIInvestigationBurstLimit = 20
+		p.APIInvestigationBurstLimit = min(20, p.APIBurstLimit)
 	}
 	return p
 }
@@ -276,7 +277,7 @@ func (p Props) validate() error {
 		}
 	}
 	if p.APIInvestigationRateLimit > p.APIRateLimit || p.APIInvestigationBurstLimit > p.APIBurstLimit {
-		return fmt.Errorf("APIInvestigationRateLimit and APIInvestigationBurstLimit (%v, %v) must be at most APIRateLimit and APIBurstLimit (%v, %v): the route's throttle replaces the stage's for it",
+		return fmt.Errorf("APIInvestigationRateLimit and APIInvestigationBurstLimit (context apiInvestigationRateLimit, apiInvestigationBurstLimit: %v, %v) must be at most APIRateLimit and APIBurstLimit (%v, %v): the route's throttle replaces the stage's for it",
 			p.APIInvestigationRateLimit, p.APIInvestigationBurstLimit, p.APIRateLimit, p.APIBurstLimit)
 	}
 	for name, d := range map[string]time.Duration{"PartitionStatementTimeout": p.PartitionStatementTimeout, "PartitionLockTimeout": p.PartitionLockTimeout} {
