@@ -81,6 +81,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/keytime"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/problem"
+	"github.com/idemarchive/idemarchive/shared/resourceid"
 )
 
 // Header names.
@@ -114,6 +115,12 @@ type Entry struct {
 	ResourceID  *string
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
+	// ArchivedAtCompletion says the store writes this entry's archive row
+	// when it completes (livestore.Redis), so an in-flight entry past its
+	// window may have its outcome in the archive. Carried on the entry as
+	// well as said by CompletionArchiver, so that a wrapper of the store
+	// that hides the interface cannot hide it.
+	ArchivedAtCompletion bool
 	// WindowEnded, when not nil, is the store's own verdict on whether
 	// ExpiresAt has passed, by the clock that set it (the database's, for
 	// the Postgres store). The middleware trusts it over its own clock,
@@ -377,11 +384,51 @@ func New(cfg Config) (*Middleware, error) {
 	if err := (Registering{TTL: cfg.LiveTTL, ClockSkew: cfg.ClockSkew}).Validate(); err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
 	}
-	if limited, ok := cfg.Store.(interface{ MaxTTL() time.Duration }); ok && cfg.LiveTTL > limited.MaxTTL() {
+	if limited, ok := storeAs[interface{ MaxTTL() time.Duration }](cfg.Store); ok && cfg.LiveTTL > limited.MaxTTL() {
 		return nil, fmt.Errorf("idempotency: live TTL %s is longer than this store allows (%s)", cfg.LiveTTL, limited.MaxTTL())
 	}
-	ca, ok := cfg.Store.(CompletionArchiver)
-	return &Middleware{cfg: cfg, path: strings.Split(cfg.ResourceIDPath, "."), archivesAtCompletion: ok && ca.ArchivesAtCompletion()}, nil
+	path, err := resourceid.SplitPath(cfg.ResourceIDPath)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: %w", err)
+	}
+	ca, ok := storeAs[CompletionArchiver](cfg.Store)
+	archivesAtCompletion := ok && ca.ArchivesAtCompletion()
+	if archivesAtCompletion && cfg.Archive == nil {
+		// Its archive rows would be written and never read: a hash lost
+		// (a failover, an eviction) or a retry after the window would run
+		// again.
+		return nil, errors.New("idempotency: this store writes archive rows at completion (livestore.Redis): set Config.Archive to read them")
+	}
+	return &Middleware{cfg: cfg, path: path, archivesAtCompletion: archivesAtCompletion}, nil
+}
+
+// Unwrapper is implemented by a store that wraps another (a metrics or
+// tracing decorator): the middleware looks through it, as errors.As does
+// through errors, for the optional interfaces of the store beneath
+// (CompletionArchiver, BeforeRunReleaser, a TTL limit), which the wrapper's
+// own method set hides. A wrapper that changes what one of them says
+// implements it itself.
+type Unwrapper interface {
+	Unwrap() Store
+}
+
+// storeAs returns the first store in s's chain of wrappers (s, then
+// what each Unwrap returns) that implements T.
+func storeAs[T any](s Store) (T, bool) {
+	for range 100 { // a chain that loops ends here
+		if t, ok := s.(T); ok {
+			return t, true
+		}
+		u, ok := s.(Unwrapper)
+		if !ok {
+			break
+		}
+		if s = u.Unwrap(); s == nil {
+			break
+		}
+	}
+	var zero T
+	return zero, false
 }
 
 // ScopedKey returns the stored form of a client key (see the package doc).
@@ -823,7 +870,7 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 		status := e.Status
 		if e.State == InFlight {
 			status = archive.InFlightStatus
-			rec, ok, err := m.archivedOutcome(r.Context(), scoped, fp)
+			rec, ok, err := m.archivedOutcome(r.Context(), scoped, fp, e)
 			if err != nil {
 				// The archive may hold the outcome of a request that
 				// completed: "never completed" could be taken for
@@ -865,11 +912,11 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 // archivedOutcome returns the archive's completed row for a key whose live
 // entry expired in flight, when the archive holds one, and an error when
 // the archive could not be read.
-func (m *Middleware) archivedOutcome(ctx context.Context, scoped string, fp []byte) (archive.Record, bool, error) {
+func (m *Middleware) archivedOutcome(ctx context.Context, scoped string, fp []byte, e Entry) (archive.Record, bool, error) {
 	// Only a store that archives at completion can have written the
 	// outcome there while its live entry stayed in flight: a swept store's
 	// live row has no archive row yet, and the lookup would only cost time.
-	if m.cfg.Archive == nil || !m.archivesAtCompletion {
+	if m.cfg.Archive == nil || !(m.archivesAtCompletion || e.ArchivedAtCompletion) {
 		return archive.Record{}, false, nil
 	}
 	rec, err := m.lookup(ctx, scoped, fp)
@@ -924,7 +971,7 @@ func (m *Middleware) responseLost(w http.ResponseWriter, r *http.Request, rec ar
 // through BeforeRunReleaser where the store has it (see there).
 func (m *Middleware) release(ctx context.Context, key string, fp, token []byte) {
 	release := m.cfg.Store.Release
-	if br, ok := m.cfg.Store.(BeforeRunReleaser); ok {
+	if br, ok := storeAs[BeforeRunReleaser](m.cfg.Store); ok {
 		release = br.ReleaseBeforeRun
 	}
 	m.releaseBy(ctx, release, key, fp, token)

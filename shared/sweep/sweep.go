@@ -62,6 +62,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/resourceid"
 	"github.com/idemarchive/idemarchive/shared/tracing"
 )
 
@@ -383,14 +384,8 @@ func (c Config) Validate() error {
 	case c.BacklogCap < 1:
 		return bad("BacklogCap", "sweep backlog cap must be positive, got %d", c.BacklogCap)
 	}
-	if slices.Contains(strings.Split(c.ResourceIDPath, "."), "") {
-		return bad("ResourceIDPath", "resource id path %q has an empty segment", c.ResourceIDPath)
-	}
-	// A segment with spaces around it ("data. id", a trailing newline from
-	// an env file) would name no key of any response, and every archived
-	// row would lose its resource id without a word.
-	if slices.ContainsFunc(strings.Split(c.ResourceIDPath, "."), func(seg string) bool { return strings.TrimSpace(seg) != seg }) {
-		return bad("ResourceIDPath", "resource id path %q has a segment with spaces around it", c.ResourceIDPath)
+	if _, err := resourceid.SplitPath(c.ResourceIDPath); err != nil {
+		return bad("ResourceIDPath", "%s", err)
 	}
 	return nil
 }
