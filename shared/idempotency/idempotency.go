@@ -406,8 +406,10 @@ func New(cfg Config) (*Middleware, error) {
 // tracing decorator): the middleware looks through it, as errors.As does
 // through errors, for the optional interfaces of the store beneath
 // (CompletionArchiver, BeforeRunReleaser, a TTL limit), which the wrapper's
-// own method set hides. A wrapper that changes what one of them says
-// implements it itself.
+// own method set hides. The middleware may then call the inner store's
+// method directly (ReleaseBeforeRun), past the wrapper: a wrapper that
+// changes what one of them says or does implements it itself. Unwrap must
+// not panic, on a nil wrapper either: New calls it.
 type Unwrapper interface {
 	Unwrap() Store
 }
