@@ -201,10 +201,10 @@ bin/archivebench:
 # Each fuzz target for FUZZTIME (their seed corpora run in make test).
 FUZZTIME ?= 30s
 # Targets after FUZZ_DB_TARGETS compare with PostgreSQL (a throwaway one).
-FUZZ_TARGETS := FuzzFromKey:./shared/keytime FuzzCursor:./shared/archive FuzzLookupWindowHoldsItsBounds:./shared/archive FuzzIdempotencyKeyHeader:./shared/idempotency FuzzEventShapes:./functions/lookup FuzzPoolConfig:./shared/database
+FUZZ_TARGETS := FuzzFromKey:./shared/keytime FuzzCursor:./shared/archive FuzzLookupWindowHoldsItsBounds:./shared/archive FuzzIdempotencyKeyHeader:./shared/idempotency FuzzEventShapes:./functions/lookup FuzzPoolConfig:./shared/database FuzzLossless:./shared/strictjson
 FUZZ_DB_TARGETS := FuzzKeyTimeRuleMatchesSQL:./shared/archive FuzzLateRuleMatchesKeytime:./shared/archive
 .PHONY: fuzz
-fuzz: ## Fuzz the key timestamp parser, the cursor, the lookup window, the Idempotency-Key header, the lookup event shapes, the database connection string and the SQL rules for key timestamps and late rows (FUZZTIME=30s each)
+fuzz: ## Fuzz the key timestamp parser, the cursor, the lookup window, the Idempotency-Key header, the lookup event shapes, the check that JSON is read as written, the database connection string and the SQL rules for key timestamps and late rows (FUZZTIME=30s each)
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} ($(FUZZTIME))"; \
 		$(GO) test -run='^$$' -fuzz="^$${t%%:*}$$" -fuzztime=$(FUZZTIME) $${t#*:} || exit 1; \

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -19,6 +18,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/lookupapi"
+	"github.com/idemarchive/idemarchive/shared/strictjson"
 )
 
 // handler adapts the three event shapes to lookupapi. It implements
@@ -67,76 +67,127 @@ var errPayloadV1 = errors.New("HTTP API payload format 1.0 is not supported: con
 // "idem%3Av1%3Ak" and answer a definite 404 for an archived key.
 var errALB = errors.New("Application Load Balancer events are not supported: invoke the lookup through API Gateway, a function URL or lambda:Invoke")
 
+// eventKind is the shape an event is answered in.
+type eventKind int
+
+const (
+	directEvent eventKind = iota
+	httpV2Event           // HTTP API payload 2.0 and function URLs
+	httpV1Event           // HTTP API payload 1.0, refused
+	restEvent             // REST API proxy integration
+	albEvent              // Application Load Balancer, refused
+)
+
+// kindOf tells the event shapes apart from sh. A payload of version "2.0",
+// or with a rawPath and no httpMethod, is answered as an HTTP API 2.0 event
+// whatever else it holds: API Gateway reads an answer without a statusCode
+// as a 200 whose body it is.
+func kindOf(sh shape) eventKind {
+	switch {
+	case sh.Version == "2.0" || (sh.RawPath != "" && sh.HTTPMethod == ""):
+		return httpV2Event
+	case sh.HTTPMethod != "" && sh.Version == "1.0":
+		return httpV1Event
+	case sh.HTTPMethod != "" && len(sh.RequestContext.ELB) > 0 && string(sh.RequestContext.ELB) != "null":
+		return albEvent
+	case sh.HTTPMethod != "":
+		return restEvent
+	}
+	return directEvent
+}
+
+// kindOfUnreadable guesses the shape of a payload whose fields are not of
+// their types from the members it has, so that an API Gateway event is
+// still answered in an event's shape.
+func kindOfUnreadable(payload []byte) eventKind {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(payload, &fields) != nil {
+		return directEvent
+	}
+	if _, ok := fields["rawPath"]; ok {
+		return httpV2Event
+	}
+	if _, ok := fields["httpMethod"]; ok {
+		return restEvent
+	}
+	return directEvent
+}
+
 func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	requestID := fnenv.RequestID(ctx)
 	var sh shape
 	if err := json.Unmarshal(payload, &sh); err != nil {
-		// An API Gateway event whose fields are not of their types is
-		// answered in an event's shape, as below.
-		var fields map[string]json.RawMessage
-		if json.Unmarshal(payload, &fields) == nil {
-			r := h.api.ErrorResponse(ctx, badPayload(err), requestID)
-			if _, ok := fields["rawPath"]; ok {
-				return h.respond(ctx, events.APIGatewayV2HTTPResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
-			}
-			if _, ok := fields["httpMethod"]; ok {
-				return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
-			}
-		}
-		return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
+		return h.refuse(ctx, kindOfUnreadable(payload), badPayload(err), requestID)
 	}
-	switch {
-	case sh.Version == "2.0" && sh.RawPath != "":
+	kind := kindOf(sh)
+	// encoding/json would read a byte that is not UTF-8, or an unpaired
+	// surrogate escape, as U+FFFD: a key sent that way would be answered
+	// for another key, as a definite 200 or 404.
+	if err := strictjson.Lossless(payload); err != nil {
+		return h.refuse(ctx, kind, badPayload(err), requestID)
+	}
+	switch kind {
+	case httpV2Event:
 		var ev events.APIGatewayV2HTTPRequest
-		var r lookupapi.Response
 		if err := json.Unmarshal(payload, &ev); err != nil {
-			// Answered in the event's shape: API Gateway reads an answer
-			// without a statusCode as a 200 whose body it is.
-			r = h.api.ErrorResponse(ctx, badPayload(err), requestID)
-		} else if name, ok := repeated(names(ev.RawQueryString)); ok {
-			r = h.api.ErrorResponse(ctx, badPayload(repeatedError(name)), requestID)
-		} else if functionURL(ev.RequestContext.DomainName) {
-			// Function URLs deliver rawPath as the client sent it.
-			r = h.serveEncoded(ctx, ev.RequestContext.HTTP.Method, ev.RawPath, ev.QueryStringParameters, requestID)
-		} else {
-			// HTTP APIs deliver rawPath already percent-decoded.
-			r = h.api.Serve(ctx, lookupapi.Request{Method: ev.RequestContext.HTTP.Method, Path: ev.RawPath, Query: ev.QueryStringParameters, RequestID: requestID})
+			return h.refuse(ctx, kind, badPayload(err), requestID)
 		}
-		return h.respond(ctx, events.APIGatewayV2HTTPResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+		if name, ok := repeated(names(ev.RawQueryString)); ok {
+			return h.refuse(ctx, kind, badPayload(repeatedError(name)), requestID)
+		}
+		if functionURL(ev.RequestContext.DomainName) {
+			// Function URLs deliver rawPath as the client sent it.
+			return h.reply(ctx, kind, h.serveEncoded(ctx, ev.RequestContext.HTTP.Method, ev.RawPath, ev.QueryStringParameters, requestID))
+		}
+		// HTTP APIs deliver rawPath already percent-decoded.
+		return h.reply(ctx, kind, h.api.Serve(ctx, lookupapi.Request{Method: ev.RequestContext.HTTP.Method, Path: ev.RawPath, Query: ev.QueryStringParameters, RequestID: requestID}))
 
-	case sh.HTTPMethod != "" && sh.Version == "1.0":
-		r := h.api.ErrorResponse(ctx, badPayload(errPayloadV1), requestID)
-		return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+	case httpV1Event:
+		return h.refuse(ctx, kind, badPayload(errPayloadV1), requestID)
 
-	case sh.HTTPMethod != "" && len(sh.RequestContext.ELB) > 0 && string(sh.RequestContext.ELB) != "null":
-		// An ALB answer needs statusDescription as well; the rest of a
-		// REST answer is what it reads.
-		r := h.api.ErrorResponse(ctx, badPayload(errALB), requestID)
-		return h.respond(ctx, events.ALBTargetGroupResponse{StatusCode: r.Status, StatusDescription: statusLine(r.Status), Headers: r.Headers, Body: string(r.Body)})
+	case albEvent:
+		return h.refuse(ctx, kind, badPayload(errALB), requestID)
 
-	case sh.HTTPMethod != "":
+	case restEvent:
 		var ev events.APIGatewayProxyRequest
 		if err := json.Unmarshal(payload, &ev); err != nil {
-			r := h.api.ErrorResponse(ctx, badPayload(err), requestID)
-			return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+			return h.refuse(ctx, kind, badPayload(err), requestID)
 		}
 		if name, ok := repeated(ev.MultiValueQueryStringParameters); ok {
-			r := h.api.ErrorResponse(ctx, badPayload(repeatedError(name)), requestID)
-			return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+			return h.refuse(ctx, kind, badPayload(repeatedError(name)), requestID)
 		}
 		// REST APIs deliver the path still percent-encoded.
-		r := h.serveEncoded(ctx, ev.HTTPMethod, ev.Path, ev.QueryStringParameters, requestID)
-		return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
-
-	default:
-		var req lookupapi.DirectRequest
-		dec := json.NewDecoder(bytes.NewReader(payload))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			return h.respond(ctx, h.api.DirectProblem(ctx, badPayload(err), requestID))
-		}
-		return h.respond(ctx, h.api.Direct(ctx, req, requestID))
+		return h.reply(ctx, kind, h.serveEncoded(ctx, ev.HTTPMethod, ev.Path, ev.QueryStringParameters, requestID))
 	}
+	// A member given twice, or in another letter case ("SCOPED_KEY"),
+	// is refused: encoding/json would keep the last one, and the answer
+	// would be about a key, or an action, the caller did not mean.
+	var req lookupapi.DirectRequest
+	if err := strictjson.Decode(payload, &req, true); err != nil {
+		return h.refuse(ctx, kind, badPayload(err), requestID)
+	}
+	return h.respond(ctx, h.api.Direct(ctx, req, requestID))
+}
+
+// refuse answers err in the event's shape.
+func (h *handler) refuse(ctx context.Context, kind eventKind, err error, requestID string) ([]byte, error) {
+	if kind == directEvent {
+		return h.respond(ctx, h.api.DirectProblem(ctx, err, requestID))
+	}
+	return h.reply(ctx, kind, h.api.ErrorResponse(ctx, err, requestID))
+}
+
+// reply answers r in the shape of an event of kind.
+func (h *handler) reply(ctx context.Context, kind eventKind, r lookupapi.Response) ([]byte, error) {
+	switch kind {
+	case httpV2Event:
+		return h.respond(ctx, events.APIGatewayV2HTTPResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
+	case albEvent:
+		// An ALB answer needs statusDescription as well; the rest of a
+		// REST answer is what it reads.
+		return h.respond(ctx, events.ALBTargetGroupResponse{StatusCode: r.Status, StatusDescription: statusLine(r.Status), Headers: r.Headers, Body: string(r.Body)})
+	}
+	return h.respond(ctx, events.APIGatewayProxyResponse{StatusCode: r.Status, Headers: r.Headers, Body: string(r.Body)})
 }
 
 // repeated returns a query parameter given more than once. API Gateway

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/lookupapi"
+	"github.com/idemarchive/idemarchive/shared/strictjson"
 )
 
 // Invoker is the part of the Lambda client this package uses.
@@ -95,22 +97,95 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 		// the function fails.
 		return archive.Record{}, fmt.Errorf("%w: function error %s: %s", ErrUnavailable, *out.FunctionError, out.Payload[:min(len(out.Payload), maxErrorPayload)])
 	}
-	var resp lookupapi.DirectResponse
-	if err := json.Unmarshal(out.Payload, &resp); err != nil {
+	return readAnswer(out.Payload, scopedKey)
+}
+
+// answer is a lookupapi.DirectResponse as this client reads it: each part
+// kept raw until the status says which one it must be.
+type answer struct {
+	Status  *int            `json:"status"`
+	Record  json.RawMessage `json:"record"`
+	Page    json.RawMessage `json:"page"`
+	Problem json.RawMessage `json:"problem"`
+}
+
+// recordMembers are the members every archive.Record answer carries (its
+// times and resource id may be null, never absent).
+var recordMembers = []string{"scoped_key", "original_status", "resource_id", "created_at", "expired_at"}
+
+// readAnswer maps the function's answer for scopedKey to a record,
+// archive.ErrNotFound, a rejection, or ErrUnavailable. Only an answer that
+// can mean one thing is taken: a found record is a 409 that the client
+// trusts, a not found runs the request, so an answer that a different
+// version of the function, a proxy or a hand-written stub could have made
+// ambiguous (a status and a record that disagree, a member given twice or in
+// another letter case, a record without its status) is unavailable, never
+// read either way. Members this client does not know are let through, so
+// that a newer function may add them.
+func readAnswer(payload []byte, scopedKey string) (archive.Record, error) {
+	var a answer
+	if err := strictjson.Decode(payload, &a, false); err != nil {
 		return archive.Record{}, fmt.Errorf("%w: unreadable answer: %w", ErrUnavailable, err)
 	}
+	if a.Status == nil {
+		return archive.Record{}, fmt.Errorf("%w: an answer without a status", ErrUnavailable)
+	}
+	parts := 0
+	for _, p := range []json.RawMessage{a.Record, a.Page, a.Problem} {
+		if given(p) {
+			parts++
+		}
+	}
+	if parts != 1 {
+		return archive.Record{}, fmt.Errorf("%w: status %d with %d of record, page and problem (one expected)", ErrUnavailable, *a.Status, parts)
+	}
 	switch {
-	case resp.Status == http.StatusOK && resp.Record != nil && resp.Record.ScopedKey != scopedKey:
+	case *a.Status == http.StatusOK && given(a.Record):
+		return readRecord(a.Record, scopedKey)
+	case given(a.Problem):
+		var p lookupapi.Problem
+		if err := strictjson.Decode(a.Problem, &p, false); err != nil {
+			return archive.Record{}, fmt.Errorf("%w: unreadable problem: %w", ErrUnavailable, err)
+		}
+		switch {
+		case *a.Status == http.StatusNotFound && p.Code == "key_not_found":
+			return archive.Record{}, archive.ErrNotFound
+		case *a.Status >= 400 && *a.Status < 500 && p.Code != "key_not_found":
+			return archive.Record{}, fmt.Errorf("archive lookup rejected the key: %s: %s", p.Code, p.Detail)
+		}
+		return archive.Record{}, fmt.Errorf("%w: status %d, problem %q", ErrUnavailable, *a.Status, p.Code)
+	}
+	return archive.Record{}, fmt.Errorf("%w: status %d", ErrUnavailable, *a.Status)
+}
+
+// readRecord reads a found record, which must be about scopedKey and whole.
+func readRecord(raw json.RawMessage, scopedKey string) (archive.Record, error) {
+	var rec archive.Record
+	if err := strictjson.Decode(raw, &rec, false); err != nil {
+		return archive.Record{}, fmt.Errorf("%w: unreadable record: %w", ErrUnavailable, err)
+	}
+	names, _ := strictjson.Members(raw) // refused above if ambiguous
+	for _, m := range recordMembers {
+		if !slices.Contains(names, m) {
+			// Without original_status, the record would say the key
+			// expired before it completed (status 0), which a client
+			// may read as "never charged" and charge again.
+			return archive.Record{}, fmt.Errorf("%w: a record without %s", ErrUnavailable, m)
+		}
+	}
+	switch {
+	case rec.ScopedKey != scopedKey:
 		// Not an answer for this key (another deployment's function, a
 		// proxy in between): taken for one, a key that never ran would
 		// be answered as archived, or a charge as another's.
 		return archive.Record{}, fmt.Errorf("%w: the answer is for another key", ErrUnavailable)
-	case resp.Status == http.StatusOK && resp.Record != nil:
-		return *resp.Record, nil
-	case resp.Status == http.StatusNotFound && resp.Problem != nil && resp.Problem.Code == "key_not_found":
-		return archive.Record{}, archive.ErrNotFound
-	case resp.Problem != nil && resp.Status < 500:
-		return archive.Record{}, fmt.Errorf("archive lookup rejected the key: %s: %s", resp.Problem.Code, resp.Problem.Detail)
+	case rec.Status != archive.InFlightStatus && (rec.Status < 100 || rec.Status > 599):
+		return archive.Record{}, fmt.Errorf("%w: a record with original_status %d", ErrUnavailable, rec.Status)
 	}
-	return archive.Record{}, fmt.Errorf("%w: status %d", ErrUnavailable, resp.Status)
+	return rec, nil
+}
+
+// given reports whether a member was present with a value other than null.
+func given(raw json.RawMessage) bool {
+	return len(raw) > 0 && string(raw) != "null"
 }

@@ -91,3 +91,63 @@ func TestANegativeTimeoutIsRefused(t *testing.T) {
 	require.NotErrorIs(t, err, archiveclient.ErrUnavailable)
 	require.Empty(t, f.asked)
 }
+
+// answering answers every invocation with payload, as written.
+func answering(payload string) *function {
+	return &function{out: func(lookupapi.DirectRequest) *lambda.InvokeOutput {
+		return &lambda.InvokeOutput{StatusCode: 200, Payload: []byte(payload)}
+	}}
+}
+
+// Only an answer that can mean one thing is read as found or not found. A
+// record without its original_status would be a 409 saying the request
+// never completed (status 0); a record beside a 404, or a status given
+// twice in two letter cases, would be read as not found, and the request
+// would run: each is an answer the function never gives (another version,
+// a proxy, a stub), so the archive is unavailable, never trusted either way.
+func TestAnswersThatCouldMeanTwoThingsAreNotTrusted(t *testing.T) {
+	t.Parallel()
+	const whole = `{"scoped_key":"idem:v1:k","original_status":201,"resource_id":"ch_1","created_at":null,"expired_at":"2026-12-01T00:00:00Z"}`
+	for _, payload := range []string{
+		`{"status":200,"record":{"scoped_key":"idem:v1:k"}}`,
+		`{"status":200,"record":{"scoped_key":"idem:v1:k","status_code":201,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
+		`{"status":200,"record":{"scoped_key":"idem:v1:k","original_status":201,"resource_id":"ch_1","created_at":null}}`,
+		`{"status":200,"record":{"scoped_key":"idem:v1:k","original_status":999,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
+		`{"status":200,"record":{"scoped_key":"idem:v1:k","original_status":-5,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
+		`{"status":200,"record":{"scoped_key":"idem:v1:k","original_status":201,"ORIGINAL_STATUS":0,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
+		`{"status":200,"record":{"Scoped_Key":"idem:v1:k","original_status":201,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
+		`{"status":404,"problem":{"code":"key_not_found"},"record":` + whole + `}`,
+		`{"status":200,"record":` + whole + `,"STATUS":404,"Problem":{"code":"key_not_found"}}`,
+		`{"status":200,"record":` + whole + `,"status":404}`,
+		`{"Status":404,"problem":{"code":"key_not_found"}}`,
+		`{"status":404,"problem":{"code":"key_not_found","CODE":"invalid_key"}}`,
+		`{"problem":{"code":"key_not_found"}}`,
+		`{"status":404}`,
+		`{"status":404,"problem":null}`,
+		`{"status":500,"problem":{"code":"key_not_found"}}`,
+		`{"status":200,"problem":{"code":"key_not_found"}}`,
+		`{"status":200,"page":{"records":[]}}`,
+		`{"status":200,"record":` + whole + `} trailing`,
+		`{"status":200,"record":{"scoped_key":"idem:v1:\ud800","original_status":201,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
+	} {
+		f := answering(payload)
+		rec, err := archiveclient.Lambda{Client: f, FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
+		require.ErrorIs(t, err, archiveclient.ErrUnavailable, "%s: read as %+v", payload, rec)
+	}
+
+	// The answers the function gives are read as they were, members a
+	// newer function may add let through.
+	rec, err := archiveclient.Lambda{Client: answering(`{"status":200,"record":` + whole + `,"served_by":"v2"}`), FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Status)
+	require.Equal(t, "ch_1", *rec.ResourceID)
+	require.True(t, rec.CreatedAt.IsZero())
+	_, err = archiveclient.Lambda{Client: answering(`{"status":404,"problem":{"type":"urn:idemarchive:problem:key_not_found","status":404,"code":"key_not_found","request_id":"r"}}`), FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
+	require.ErrorIs(t, err, archive.ErrNotFound)
+	rec, err = archiveclient.Lambda{Client: answering(`{"status":200,"record":{"scoped_key":"idem:v1:k","original_status":0,"resource_id":null,"created_at":null,"expired_at":null}}`), FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
+	require.NoError(t, err)
+	require.True(t, rec.InFlight())
+	_, err = archiveclient.Lambda{Client: answering(`{"status":400,"problem":{"code":"invalid_key","detail":"too long"}}`), FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
+	require.ErrorContains(t, err, "rejected the key: invalid_key")
+	require.NotErrorIs(t, err, archiveclient.ErrUnavailable)
+}

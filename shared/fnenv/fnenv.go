@@ -15,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/settings"
+	"github.com/idemarchive/idemarchive/shared/strictjson"
 	"github.com/idemarchive/idemarchive/shared/tracing"
 )
 
@@ -178,7 +178,7 @@ func DecodeInput(payload []byte, v any) error {
 	}
 	if probe.DetailType != nil {
 		for _, n := range names {
-			if slices.ContainsFunc(optionNames(v), func(o string) bool { return strings.EqualFold(n, o) }) {
+			if slices.ContainsFunc(strictjson.FieldNames(v), func(o string) bool { return strings.EqualFold(n, o) }) {
 				return fmt.Errorf("invalid options: %q is beside the EventBridge event's detail, where it would be ignored: put the options in detail", n)
 			}
 		}
@@ -200,54 +200,14 @@ func DecodeInput(payload []byte, v any) error {
 
 // objectNames returns the names of a JSON object's members, refusing a name
 // given twice, in the same spelling or in two that encoding/json matches
-// alike (regardless of case). A value that is not an object is left to the
-// decoding that follows to refuse.
+// alike (regardless of case).
 func objectNames(object []byte) ([]string, error) {
-	dec := json.NewDecoder(bytes.NewReader(object))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, nil
+	names, err := strictjson.Members(object)
+	if dup := (*strictjson.DuplicateError)(nil); errors.As(err, &dup) {
+		return nil, fmt.Errorf("invalid options: %q and %q name the same option: give it once", dup.First, dup.Second)
 	}
-	var names []string
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return nil, fmt.Errorf("payload is not a JSON object: %w", err)
-		}
-		name, _ := t.(string)
-		for _, seen := range names {
-			if strings.EqualFold(seen, name) {
-				return nil, fmt.Errorf("invalid options: %q and %q name the same option: give it once", seen, name)
-			}
-		}
-		names = append(names, name)
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return nil, fmt.Errorf("payload is not a JSON object: %w", err)
-		}
+	if err != nil {
+		return nil, fmt.Errorf("payload is %w", err)
 	}
 	return names, nil
-}
-
-// optionNames returns the JSON names of the fields of the struct v points
-// to.
-func optionNames(v any) []string {
-	t := reflect.TypeOf(v)
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t == nil || t.Kind() != reflect.Struct {
-		return nil
-	}
-	var names []string
-	for f := range t.Fields() {
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		switch {
-		case name == "-" || !f.IsExported():
-			continue
-		case name == "":
-			name = f.Name
-		}
-		names = append(names, name)
-	}
-	return names
 }

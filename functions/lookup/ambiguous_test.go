@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A key JSON cannot carry as written (a byte that is not UTF-8, an unpaired
+// surrogate escape) is refused in every event shape. encoding/json reads
+// either as U+FFFD, and the answer would be a definite 200 or 404 about
+// another key: here the archive holds the key that U+FFFD makes, so a
+// lossy read would answer 200 with its resource.
+func TestKeysJSONCannotCarryAreRefusedNotAnsweredForAnother(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO idempotency_key_archive
+		(scoped_key, fingerprint, status_code, resource_id, created_at, expired_at)
+		VALUES ('idem:v1:`+"\uFFFD"+`', '\x00', 201, 'ch_fffd', now() - interval '30 hours', now() - interval '6 hours'),
+		       ('idem:v1:`+"\U0001F600"+`', '\x00', 201, 'ch_pair', now() - interval '30 hours', now() - interval '6 hours')`)
+	require.NoError(t, err)
+
+	v2Query := func(key string) string {
+		return `{"version":"2.0","rawPath":"/v1/archive/lookup","rawQueryString":"scoped_key=x","queryStringParameters":{"scoped_key":"` + key + `"},"requestContext":{"http":{"method":"GET"}}}`
+	}
+	rest := func(key string) string {
+		return `{"httpMethod":"GET","path":"/v1/archive/lookup","queryStringParameters":{"scoped_key":"` + key + `"}}`
+	}
+	for name, payload := range map[string]string{
+		"direct, lone high surrogate":     `{"scoped_key":"idem:v1:\ud800"}`,
+		"direct, lone low surrogate":      `{"scoped_key":"idem:v1:\udfff"}`,
+		"direct, high before a non-low":   `{"scoped_key":"idem:v1:\ud83d\u0041"}`,
+		"direct, high at the end":         `{"scoped_key":"idem:v1:\ud83d"}`,
+		"direct, byte 0xff":               "{\"scoped_key\":\"idem:v1:\xff\"}",
+		"direct, truncated UTF-8":         "{\"scoped_key\":\"idem:v1:\xe2\x82\"}",
+		"HTTP API 2.0, lone surrogate":    v2Query(`idem:v1:\udfff`),
+		"HTTP API 2.0, byte 0xff in path": "{\"version\":\"2.0\",\"rawPath\":\"/v1/archive/keys/idem:v1:\xff\",\"requestContext\":{\"http\":{\"method\":\"GET\"}}}",
+		"REST, lone surrogate":            rest(`idem:v1:\ud800`),
+	} {
+		out := b.invoke(t, []byte(payload))
+		var d struct {
+			Status, StatusCode int
+			Body               string
+			Problem            *struct{ Code, Detail string }
+		}
+		require.NoError(t, json.Unmarshal(out, &d), name)
+		if d.Problem == nil {
+			require.Equal(t, 400, d.StatusCode, "%s: %s", name, out)
+			require.Contains(t, d.Body, `"code":"bad_request"`, name)
+			require.Contains(t, d.Body, "UTF-8", name)
+		} else {
+			require.Equal(t, 400, d.Status, "%s: %s", name, out)
+			require.Equal(t, "bad_request", d.Problem.Code, name)
+			require.Contains(t, d.Problem.Detail, "surrogate", name)
+		}
+	}
+
+	// A surrogate pair is one character, and U+FFFD written as itself or
+	// escaped is a key like any other: both are still found.
+	for _, payload := range []string{`{"scoped_key":"idem:v1:\ud83d\ude00"}`, `{"scoped_key":"idem:v1:\uFFFD"}`, `{"scoped_key":"idem:v1:` + "\uFFFD" + `"}`, `{"scoped_key":"idem:v1:\\ud800"}`} {
+		var d struct {
+			Status int
+			Record *struct {
+				ResourceID string `json:"resource_id"`
+			}
+		}
+		require.NoError(t, json.Unmarshal(b.invoke(t, []byte(payload)), &d), payload)
+		if payload == `{"scoped_key":"idem:v1:\\ud800"}` {
+			// An escaped backslash: the key is the six characters "\ud800".
+			require.Equal(t, 404, d.Status, payload)
+			continue
+		}
+		require.Equal(t, 200, d.Status, payload)
+		require.NotNil(t, d.Record, payload)
+	}
+	var d struct{ StatusCode int }
+	require.NoError(t, json.Unmarshal(b.invoke(t, []byte(v2Query(`idem:v1:\ud83d\ude00`))), &d))
+	require.Equal(t, 200, d.StatusCode)
+}
+
+// A direct payload that names a member twice, or in another letter case,
+// is refused: encoding/json keeps the last one, and would answer a
+// definite 404 about a key (or run an action) the caller did not mean.
+func TestDirectMembersGivenTwiceOrInAnotherCaseAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for payload, want := range map[string]string{
+		`{"scoped_key":"idem:v1:probe","scoped_key":"idem:v1:never-used"}`: `"scoped_key" and "scoped_key" name the same member`,
+		`{"scoped_key":"idem:v1:probe","SCOPED_KEY":"idem:v1:never-used"}`: `"scoped_key" and "SCOPED_KEY" name the same member`,
+		`{"Scoped_Key":"idem:v1:probe"}`:                                   `member "Scoped_Key" is spelt "scoped_key"`,
+		`{"action":"query","action":"lookup","scoped_key":"idem:v1:k"}`:    `"action" and "action" name the same member`,
+		`{"scoped_key":"idem:v1:k"} {"scoped_key":"idem:v1:j"}`:            `malformed request`,
+	} {
+		var d struct {
+			Status  int
+			Problem *struct{ Code, Detail string }
+		}
+		out := b.invoke(t, []byte(payload))
+		require.NoError(t, json.Unmarshal(out, &d), payload)
+		require.Equal(t, 400, d.Status, "%s: %s", payload, out)
+		require.Equal(t, "bad_request", d.Problem.Code)
+		require.Contains(t, d.Problem.Detail, want, payload)
+	}
+}
+
+// An event of payload version 2.0, or with a rawPath and no httpMethod, is
+// answered as an HTTP API event (with a statusCode) even when its rawPath is
+// empty (a 404 route_not_found then): answered in the direct shape, API Gateway would pass the problem on
+// as a 200.
+func TestVersion2EventsAreAnsweredWithAStatusCode(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, payload := range []string{
+		`{"version":"2.0","rawPath":"","requestContext":{"http":{"method":"GET","path":"/v1/archive/keys/idem:v1:probe"}}}`,
+		`{"version":"2.0","requestContext":{"http":{"method":"GET"}}}`,
+		`{"rawPath":"/v1/archive/keys/idem:v1:probe","requestContext":{"http":{"method":"GET"}}}`,
+	} {
+		var d struct {
+			StatusCode int
+			Body       string
+		}
+		out := b.invoke(t, []byte(payload))
+		require.NoError(t, json.Unmarshal(out, &d), payload)
+		require.NotZero(t, d.StatusCode, "%s: %s", payload, out)
+		require.NotEmpty(t, d.Body, payload)
+	}
+}
