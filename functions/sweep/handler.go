@@ -28,9 +28,9 @@ type handler struct {
 // options may override the configured sweep for one invocation.
 type options struct {
 	BatchSize   *int            `json:"batch_size,omitempty"`
-	Pause       string          `json:"pause,omitempty"`
+	Pause       *string         `json:"pause,omitempty"`
 	PauseRatio  json.RawMessage `json:"pause_ratio,omitempty"`
-	MaxDuration string          `json:"max_duration,omitempty"`
+	MaxDuration *string         `json:"max_duration,omitempty"`
 }
 
 // Handle runs sweep batches until drained or until the remaining invocation
@@ -90,11 +90,11 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		var ce *sweep.ConfigError
 		if errors.As(err, &ce) {
 			switch {
-			case ce.Field == "Pause" && opts.Pause != "":
+			case ce.Field == "Pause" && opts.Pause != nil:
 				return sweep.Result{}, fmt.Errorf("invalid options: pause: %w", err)
 			case ce.Field == "PauseRatio" && len(opts.PauseRatio) > 0:
 				return sweep.Result{}, fmt.Errorf("invalid options: pause_ratio: %w", err)
-			case ce.Field == "MaxDuration" && opts.MaxDuration != "":
+			case ce.Field == "MaxDuration" && opts.MaxDuration != nil:
 				return sweep.Result{}, fmt.Errorf("invalid options: max_duration: %w", err)
 			}
 		}
@@ -135,9 +135,15 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 	return res, nil
 }
 
-func durationOption(name, v string, def time.Duration) (time.Duration, error) {
-	if v == "" {
+// durationOption reads a duration option, def when it is not given. An
+// empty one is refused: it is not the configured value's spelling.
+func durationOption(name string, given *string, def time.Duration) (time.Duration, error) {
+	if given == nil {
 		return def, nil
+	}
+	v := *given
+	if v == "" {
+		return 0, fmt.Errorf("invalid options: %s is empty: leave it out for the configured value, or give a duration such as \"100ms\"", name)
 	}
 	// Read as the variables and flags are: "0.5ns", which time.ParseDuration
 	// reads as 0, would turn max_duration into no limit.

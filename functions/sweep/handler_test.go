@@ -105,7 +105,12 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		`{"batch_size": 0}`:     "batch_size must be between 1 and 50000, got 0",
 		`{"batch_size": 50001}`: "batch_size must be between 1 and 50000",
 		`{"pause": "soon"}`:     "invalid options: pause: not a duration such as 200ms",
-		`{"batchsize": 10}`:     `unknown field "batchsize"`,
+		// Empty is not the configured value's spelling, nor is null.
+		`{"pause": ""}`:        "invalid options: pause is empty",
+		`{"max_duration": ""}`: "invalid options: max_duration is empty",
+		`{"detail-type": "Scheduled Event", "detail": {"max_duration": ""}}`: "invalid options: max_duration is empty",
+		`{"batch_size": null}`: `invalid options: "batch_size" is null`,
+		`{"batchsize": 10}`:    `unknown field "batchsize"`,
 		`{"detail-type": "Scheduled Event", "detail": {"max_duration": 5}}`: "invalid options",
 		`[1, 2]`:                  "payload is not a JSON object",
 		`{"pause": "-1s"}`:        "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",

@@ -29,6 +29,11 @@ func TestAmbiguousOptionsAreRefused(t *testing.T) {
 		`{"detail-type": "x", "detail-type": "y", "detail": {}}`:                            "name the same option",
 		"{\"retention_months\": 1, \"retention_month\u017f\": 24}":                          "name the same option", // ſ folds to s
 		`{"detail-type": "x", "detail": {"retention_months": 1}, "retention_months": 1200}`: "beside the EventBridge event's detail",
+		// null would read as false ("dry_run": null, a run that acts) or
+		// as not given.
+		`{"dry_run": null, "retention_months": 1}`:                   `"dry_run" is null`,
+		`{"detail-type": "x", "detail": {"dry_run": null}}`:          `"dry_run" is null`,
+		`{"detail-type": "x", "detail": {"retention_months": null}}`: `"retention_months" is null`,
 	} {
 		var o options
 		err := fnenv.DecodeInput([]byte(payload), &o)
@@ -39,6 +44,7 @@ func TestAmbiguousOptionsAreRefused(t *testing.T) {
 		`{"DRY_RUN": true}`,
 		`{"detail-type": "Scheduled Event", "source": "aws.events", "id": "1", "detail": {"dry_run": true}}`,
 		`{"detail-type": "Scheduled Event", "detail": {}}`,
+		`{"detail-type": "Scheduled Event", "resources": null, "detail": {"dry_run": true}}`,
 		`null`, ``,
 	} {
 		var o options

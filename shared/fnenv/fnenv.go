@@ -50,8 +50,8 @@ func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Wri
 	if err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
 	}
-	if s.Database.MaxConns == 0 { // unset: settings refuses an explicit 0
-		s.Database.MaxConns = DefaultMaxConns
+	if s, err = s.WithDefaultPoolSize(DefaultMaxConns); err != nil {
+		return nil, fmt.Errorf("configuration: %w", err)
 	}
 	env := &Env{
 		Settings: s,
@@ -186,8 +186,19 @@ func DecodeInput(payload []byte, v any) error {
 		if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
 			return nil
 		}
-		if _, err := objectNames(payload); err != nil {
+		if names, err = objectNames(payload); err != nil {
 			return err
+		}
+	}
+	// A null option would read as its zero value ("dry_run": null as
+	// false, a run that acts), or as not given: refused, as meaning two
+	// things.
+	var members map[string]json.RawMessage
+	if json.Unmarshal(payload, &members) == nil {
+		for _, n := range names {
+			if string(members[n]) == "null" {
+				return fmt.Errorf("invalid options: %q is null: leave it out for the configured value, or give one", n)
+			}
 		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(payload))

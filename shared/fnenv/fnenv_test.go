@@ -149,3 +149,34 @@ func TestTheInitErrorNeverCarriesThePassword(t *testing.T) {
 	require.ErrorContains(t, err, "percent-encode")
 	require.NotContains(t, err.Error(), "9kLmNpQ")
 }
+
+// A URL's pool_min_conns is checked against the pool a function runs with
+// (DefaultMaxConns, 2), not the database package's default (4): checked
+// against 4, pool_min_conns=3 passed the init and failed every invocation.
+func TestPoolSettingsAreCheckedAgainstTheFunctionsPool(t *testing.T) {
+	t.Parallel()
+	load := func(query, maxConns string) (*fnenv.Env, error) {
+		return fnenv.Load(context.Background(), func(k string) string {
+			switch k {
+			case "DATABASE_URL":
+				return "postgres://u:pw@127.0.0.1:1/db?" + query
+			case "DATABASE_MAX_CONNS":
+				return maxConns
+			}
+			return ""
+		}, io.Discard, io.Discard)
+	}
+	for _, q := range []string{"pool_min_conns=3", "pool_min_idle_conns=4"} {
+		_, err := load(q, "")
+		require.ErrorContains(t, err, "DATABASE_URL", q)
+		require.ErrorContains(t, err, "DATABASE_MAX_CONNS, 2)", q)
+		require.NotContains(t, err.Error(), "pw", q)
+	}
+	env, err := load("pool_min_conns=2", "")
+	require.NoError(t, err)
+	require.EqualValues(t, fnenv.DefaultMaxConns, env.Settings.Database.MaxConns)
+	// A pool size that is set is the one checked against, and kept.
+	env, err = load("pool_min_conns=3", "3")
+	require.NoError(t, err)
+	require.EqualValues(t, 3, env.Settings.Database.MaxConns)
+}

@@ -182,6 +182,22 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 	return s, nil
 }
 
+// WithDefaultPoolSize returns s with a pool of n connections where
+// DATABASE_MAX_CONNS is unset, checked again against the URL: a component
+// whose default pool is not the database package's (4) calls it once at
+// start, so that a URL's pool_min_conns above the pool it runs with fails
+// there, not at its first connection.
+func (s Settings) WithDefaultPoolSize(n int32) (Settings, error) {
+	if s.Database.MaxConns != 0 { // set: settings refuses an explicit 0
+		return s, nil
+	}
+	s.Database.MaxConns = n
+	if _, err := s.Database.PoolConfig(); err != nil {
+		return s, fmt.Errorf("%s: %w", databaseVariable(err), err)
+	}
+	return s, nil
+}
+
 // databaseMaxConns reads DATABASE_MAX_CONNS. Unset is 0, the pool's default.
 // Set, it must be 1 to database.MaxMaxConns: an explicit 0 is refused rather
 // than read as the default (a pool of no connections cannot work), and a
