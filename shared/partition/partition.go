@@ -950,6 +950,15 @@ SELECT c.oid, c.relname, 'attached by hand and not adopted: the rows it held whe
    AND NOT EXISTS (SELECT 1 FROM idempotency_archive_recorded_partitions r WHERE r.partition = c.oid)
  ORDER BY t.level, c.relname`
 	adoptSQL = "SELECT idempotency_archive_adopt_partition($1)"
+	// rootUnrecordedSQL lists the archive table itself when its own
+	// recording triggers, those a sweep's inserts fire, are not all there
+	// and enabled (migration 015).
+	rootUnrecordedSQL = `
+SELECT c.oid, c.relname, 'lacks one of its own recording triggers (or one is disabled, replica-only or not what its name says): rows swept into the archive are not recorded', false
+  FROM pg_class c
+ WHERE c.oid = to_regclass('idempotency_key_archive')
+   AND NOT idempotency_archive_root_triggered()`
+	adoptRootSQL = "SELECT idempotency_archive_adopt_root()"
 )
 
 // Unrecorded is a partition of the archive whose rows lookups may miss
@@ -968,7 +977,9 @@ var ErrNoRegistry = errors.New("the schema does not record which partitions' row
 // (their rows, and those of an attachment made after a detach, were never
 // recorded), or lacking the recording triggers. Lookups of keys without a
 // timestamp, and of keys used long after theirs, can miss their rows until a
-// partitions run adopts them. A detach-pending partition is not listed:
+// partitions run adopts them. The archive table itself is listed first while
+// its own recording triggers are not all there and enabled (migration 015).
+// A detach-pending partition is not listed:
 // its rows are invisible to every query (see Partition.DetachPending).
 func ListUnrecorded(ctx context.Context, pool *pgxpool.Pool) ([]Unrecorded, error) {
 	conn, err := pool.Acquire(ctx)
@@ -1001,6 +1012,8 @@ type candidate struct {
 	reason string
 	// stuck: detach-pending below a month; reported, not adopted.
 	stuck bool
+	// root: the archive table itself, whose own triggers are repaired.
+	root bool
 }
 
 func unadopted(ctx context.Context, db interface {
@@ -1010,6 +1023,11 @@ func unadopted(ctx context.Context, db interface {
 	if !tbl.attachments {
 		sql = unadopted012SQL
 	}
+	if tbl.rootTriggers {
+		// The archive first: its repair gives the partitions the clones
+		// of its row trigger that the partitions' check then asks for.
+		sql = rootUnrecordedSQL + "\nUNION ALL (" + sql + ")"
+	}
 	rows, err := db.Query(ctx, sql)
 	if err != nil {
 		return nil, err
@@ -1017,6 +1035,7 @@ func unadopted(ctx context.Context, db interface {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
 		var c candidate
 		err := row.Scan(&c.oid, &c.name, &c.reason, &c.stuck)
+		c.root = c.oid == tbl.oid
 		return c, err
 	})
 }
@@ -1031,8 +1050,12 @@ func unadopted(ctx context.Context, db interface {
 // partition is adopted in a transaction of its own, so that no partition's
 // lock is held while another's is tried, and one that cannot be adopted (its
 // triggers cannot be created, its writers never left it free) is reported
-// without holding up the others. It returns the partitions adopted (in a dry
-// run, those it would adopt), and those that failed.
+// without holding up the others. The archive table itself comes first when
+// its own recording triggers (those a sweep's inserts fire) are not all
+// there and enabled: every expiry is marked pending and the triggers are
+// created or enabled again (migration 015's idempotency_archive_adopt_root).
+// It returns the partitions adopted (in a dry run, those it would adopt),
+// and those that failed.
 func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, tbl table, dryRun bool) ([]string, []Failure, error) {
 	var candidates []candidate
 	settings := database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout)
@@ -1066,9 +1089,18 @@ func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, tbl table, dryRun b
 		}
 		var problem *string
 		err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
+			if c.root {
+				return tx.QueryRow(ctx, adoptRootSQL).Scan(&problem)
+			}
 			return tx.QueryRow(ctx, adoptSQL, c.oid).Scan(&problem)
 		})
 		switch {
+		case c.root && err != nil && ctx.Err() == nil:
+			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf(
+				"the archive %s, and its triggers could not be repaired (lookups of keys without a timestamp can miss rows swept "+
+					"since; run archivectl partitions again): %v", c.reason, err)})
+		case c.root && problem != nil && *problem != "":
+			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: "the archive's recording triggers: " + *problem})
 		case err != nil && ctx.Err() != nil:
 			return adopted, failed, err
 		case database.SQLState(err) == database.CodeLockNotAvailable:
@@ -1366,6 +1398,9 @@ type table struct {
 	// attachments: the record names the attachment of each partition, not
 	// only its OID (migration 013).
 	attachments bool
+	// rootTriggers: the schema has migration 015's functions that check
+	// and repair the archive table's own recording triggers.
+	rootTriggers bool
 }
 
 func (t table) qualified() string { return pgx.Identifier{t.schema, ArchiveTable}.Sanitize() }
@@ -1381,13 +1416,14 @@ SELECT c.oid, n.nspname, pg_get_userbyid(c.relowner),
                 WHERE a.attrelid = to_regclass(quote_ident(n.nspname) || '.idempotency_archive_recorded_partitions')
                   AND a.attname = 'attached' AND NOT a.attisdropped)
        AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_recorded(oid)') IS NOT NULL
-       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_triggered(oid)') IS NOT NULL
+       AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_triggered(oid)') IS NOT NULL,
+       to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_root()') IS NOT NULL
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.oid = to_regclass('idempotency_key_archive')`
 
 func lookupTable(ctx context.Context, conn *pgx.Conn) (table, error) {
 	var t table
-	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts, &t.triggers, &t.attachments)
+	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts, &t.triggers, &t.attachments, &t.rootTriggers)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, errors.New("table idempotency_key_archive not found on the search_path: run `archivectl migrate` first")
 	}
