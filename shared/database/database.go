@@ -180,6 +180,10 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 		if _, ok := pc.RuntimeParams["pool_max_conns"]; ok {
 			return nil, named, configError("URL", "database URL sets pool_max_conns: set DATABASE_MAX_CONNS instead")
 		}
+		// One of the two would silently give way to the other.
+		if _, ok := pc.RuntimeParams["default_query_exec_mode"]; ok && modeSet {
+			return nil, named, configError("URL", "database URL sets default_query_exec_mode and DATABASE_EXEC_MODE is set too: set only one")
+		}
 	}
 	cfg.MaxConns = cmp.Or(c.MaxConns, 4)
 	if err := checkPoolSettings(cfg); err != nil {

@@ -183,6 +183,26 @@ func TestAPoolSizeInTheURLIsRefused(t *testing.T) {
 	}
 }
 
+// An execution mode in the URL and in DATABASE_EXEC_MODE is refused: the
+// variable silently replaced the URL's. Either alone is honoured.
+func TestAnExecModeInTheURLAndTheVariableIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"postgres://u:secret@127.0.0.1/db?default_query_exec_mode=simple_protocol",
+		"host=127.0.0.1 user=u password=secret default_query_exec_mode=exec",
+	} {
+		_, err := database.Config{URL: u, ExecMode: "cache_statement"}.PoolConfig()
+		require.ErrorContains(t, err, "DATABASE_EXEC_MODE", u)
+		require.NotContains(t, err.Error(), "secret")
+		cfg, err := database.Config{URL: u}.PoolConfig()
+		require.NoError(t, err, u)
+		require.NotEqual(t, pgx.QueryExecModeCacheStatement, cfg.ConnConfig.DefaultQueryExecMode, u)
+	}
+	cfg, err := database.Config{URL: "postgres://u@127.0.0.1/db", ExecMode: "exec"}.PoolConfig()
+	require.NoError(t, err)
+	require.Equal(t, pgx.QueryExecModeExec, cfg.ConnConfig.DefaultQueryExecMode)
+}
+
 // fakeSecret is the value a fake Secrets Manager serves; set rotates it.
 type fakeSecret struct {
 	mu sync.Mutex

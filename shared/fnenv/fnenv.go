@@ -125,7 +125,9 @@ func AWSConfig(getenv func(string) string) (c aws.Config, err error) {
 func MustLoad() *Env {
 	env, err := Load(context.Background(), os.Getenv, os.Stdout, os.Stderr)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "init:", err)
+		// One line, no secret: a connection string pasted into another
+		// variable is echoed by its error.
+		fmt.Fprintln(os.Stderr, "init:", settings.Redact(strings.ReplaceAll(err.Error(), "\n", " ")))
 		os.Exit(1)
 	}
 	return env

@@ -502,3 +502,23 @@ func (r *reader) pause(name string, def time.Duration) time.Duration {
 	}
 	return d
 }
+
+// userInfo matches the user and password of a URL (scheme://user:pass@, up
+// to the line's last @: a password pasted unescaped may hold a space, a /
+// or an @), and password matches the password of a key=value connection
+// string, or of a URL's query, up to the end of the line: libpq allows
+// spaces around '=', quoted values with spaces and backslash escapes,
+// quoted or not, and an echoed value is escaped once more (%q), so no
+// shorter match is sure to end after the password.
+var (
+	userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
+	password = regexp.MustCompile(`(?i)(password\s*=).*`)
+)
+
+// Redact hides the user and password of any connection string in an error
+// line: a value echoed back may be one, pasted into the wrong variable
+// (DATABASE_EXEC_MODE=postgres://u:pw@h/db). It may hide more than that (an
+// ordinary value holding "://" and "@"), never less.
+func Redact(line string) string {
+	return password.ReplaceAllString(userInfo.ReplaceAllString(line, "${1}REDACTED@"), "${1}REDACTED")
+}
