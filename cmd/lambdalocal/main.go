@@ -27,11 +27,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemarchive/idemarchive/shared/emulator"
 	"github.com/idemarchive/idemarchive/shared/settings"
@@ -155,38 +155,399 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // stripPassword removes the password from a PostgreSQL connection string, URL
 // (postgres://user:pw@host/db) or keyword form (password=pw), and the client
 // key's passphrase (sslpassword) with it, and reports whether there was one.
+// A string it cannot read as pgx does comes back empty (and stripped).
 func stripPassword(dsn string) (string, bool) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			// Unparseable: keep nothing of it rather than risk the password.
-			return "", true
-		}
-		stripped := false
-		if u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				u.User = url.User(u.User.Username())
-				stripped = true
-			}
-		}
-		if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
-			q.Del("password")
-			q.Del("sslpassword")
-			u.RawQuery = q.Encode()
-			stripped = true
-		}
-		return u.String(), stripped
-	}
-	kept := passwordKeyword.ReplaceAllString(dsn, "")
-	return strings.TrimSpace(kept), kept != dsn
+	r := stripSecrets(dsn)
+	return r.dsn, r.stripped
 }
 
-// passwordKeyword matches password=... and sslpassword=... in a keyword/value
-// connection string, quoted ('p w', with \' escapes) or not. An unquoted
-// value ends at the first space that no '\' escapes, as libpq and pgx read
-// it ("p\ w" is one value): ending it at any space would leave the rest of
-// the secret in the template.
-var passwordKeyword = regexp.MustCompile(`(^|\s)(ssl)?password\s*=\s*('(\\.|[^'\\])*'|(\\.|[^\s\\])*\\?)`)
+// strippedDSN is what stripSecrets makes of a connection string.
+type strippedDSN struct {
+	dsn      string   // the string trimmed, without its secrets; "" if err
+	stripped bool     // a secret was removed (or the whole string, on err)
+	secrets  []string // the values removed, as written and decoded
+	keys     []string // the keys kept, as pgx names them
+	err      error    // the string does not tokenize; never quotes it
+}
+
+// stripSecrets removes every password and sslpassword pair from a
+// connection string, reading it the way pgx (libpq's rules) does rather than
+// with net/url or a pattern: a URL's userinfo password and '&'-separated
+// query pairs whose percent-decoded key names a secret; a keyword/value
+// string's pairs, tokenized with quotes, '\' escapes and values that may
+// run straight into the next keyword. Everything else is kept byte for
+// byte. The value is trimmed first, as shared/settings reads it. A key that
+// differs from password or sslpassword only in case is removed too (pgx
+// would send it to the server as a parameter, a secret all the same).
+func stripSecrets(dsn string) strippedDSN {
+	s := strings.TrimSpace(dsn)
+	var r strippedDSN
+	switch {
+	case strings.IndexByte(s, 0) >= 0:
+		r.err = errors.New("it holds a NUL byte")
+	case strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://"):
+		r = stripURL(s)
+	default:
+		r = stripKeywordValue(s)
+	}
+	if r.err != nil {
+		// Unreadable: keep nothing of it rather than risk the password.
+		return strippedDSN{stripped: true, secrets: r.secrets, err: r.err}
+	}
+	if !r.stripped {
+		r.dsn = s
+	}
+	return r
+}
+
+func isSecretKey(k string) bool {
+	return strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword")
+}
+
+// connKey is pgx's name for a connection string key (canonicalConnStringKey).
+func connKey(k string) string {
+	if k == "dbname" {
+		return "database"
+	}
+	return k
+}
+
+// stripURL mirrors pgconn's parseURLSettings (libpq's URI parser).
+func stripURL(s string) (r strippedDSN) {
+	fail := func(msg string) strippedDSN {
+		r.err = errors.New(msg)
+		return r
+	}
+	scheme := "postgresql://"
+	if !strings.HasPrefix(s, scheme) {
+		scheme = "postgres://"
+	}
+	p := s[len(scheme):]
+	var out strings.Builder
+	out.WriteString(scheme)
+	// Like libpq, only a '/' stops the look-ahead for the userinfo's '@'.
+	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
+		user, pw, hasPw := strings.Cut(p[:i], ":")
+		if _, err := uriDecode(user); err != nil {
+			return fail("its user name is not percent-encoded as a URL's must be")
+		}
+		if hasPw && pw != "" {
+			v, err := uriDecode(pw)
+			if err != nil {
+				return fail("its password is not percent-encoded as a URL's must be")
+			}
+			r.secrets = append(r.secrets, pw, v)
+			r.stripped = true
+		}
+		out.WriteString(user)
+		out.WriteByte('@')
+		p = p[i+1:]
+	}
+	// The host list, host[:port] or [v6][:port], comma-separated.
+	netloc := p
+	var hosts, ports strings.Builder
+	for {
+		if len(p) > 0 && p[0] == '[' {
+			end := strings.IndexByte(p, ']')
+			if end <= 1 {
+				return fail("it has an unterminated or empty IPv6 host address")
+			}
+			hosts.WriteString(p[1:end])
+			p = p[end+1:]
+			if len(p) > 0 && !strings.ContainsRune(":/?,", rune(p[0])) {
+				return fail("it has an unexpected character after an IPv6 host address")
+			}
+		} else {
+			i := strings.IndexAny(p, ":/?,")
+			if i < 0 {
+				i = len(p)
+			}
+			hosts.WriteString(p[:i])
+			p = p[i:]
+		}
+		if len(p) > 0 && p[0] == ':' {
+			p = p[1:]
+			i := strings.IndexAny(p, "/?,")
+			if i < 0 {
+				i = len(p)
+			}
+			ports.WriteString(p[:i])
+			p = p[i:]
+		}
+		if len(p) == 0 || p[0] != ',' {
+			break
+		}
+		p = p[1:]
+		hosts.WriteByte(',')
+		ports.WriteByte(',')
+	}
+	if _, err := uriDecode(hosts.String()); err != nil {
+		return fail("its host list is not percent-encoded as a URL's must be")
+	}
+	if _, err := uriDecode(ports.String()); err != nil {
+		return fail("its port list is not percent-encoded as a URL's must be")
+	}
+	out.WriteString(netloc[:len(netloc)-len(p)])
+	r.keys = []string{"user", "host", "port", "database"}
+	if len(p) > 0 && p[0] == '/' {
+		db, query, hasQuery := strings.Cut(p[1:], "?")
+		if _, err := uriDecode(db); err != nil {
+			return fail("its database name is not percent-encoded as a URL's must be")
+		}
+		out.WriteString("/" + db)
+		p = ""
+		if hasQuery {
+			p = "?" + query
+		}
+	}
+	if len(p) > 0 && p[0] == '?' {
+		var kept []string
+		params := p[1:]
+		for params != "" {
+			pair := params
+			if i := strings.IndexByte(params, '&'); i >= 0 {
+				pair, params = params[:i], params[i+1:]
+			} else {
+				params = ""
+			}
+			rawKey, rawValue, found := strings.Cut(pair, "=")
+			if !found || strings.IndexByte(rawValue, '=') >= 0 {
+				return fail(`a query parameter has no "=" or more than one`)
+			}
+			key, err := uriDecode(rawKey)
+			if err != nil {
+				return fail("a query parameter's key is not percent-encoded as a URL's must be")
+			}
+			value, err := uriDecode(rawValue)
+			if err != nil {
+				return fail("a query parameter's value is not percent-encoded as a URL's must be")
+			}
+			key = connKey(key)
+			if isSecretKey(key) {
+				r.secrets = append(r.secrets, rawValue, value)
+				r.stripped = true
+				continue
+			}
+			kept = append(kept, pair)
+			r.keys = append(r.keys, key)
+		}
+		if len(kept) > 0 {
+			out.WriteString("?" + strings.Join(kept, "&"))
+		}
+	}
+	r.dsn = out.String()
+	return r
+}
+
+// uriDecode percent-decodes a URI component as libpq (and pgconn's
+// uriDecode) does: %XX with two hex digits, %00 refused, leading and
+// trailing spaces skipped, other spaces refused.
+func uriDecode(raw string) (string, error) {
+	t := strings.Trim(raw, " ")
+	if strings.IndexByte(t, ' ') >= 0 {
+		return "", errors.New("space")
+	}
+	var b strings.Builder
+	for i := 0; i < len(t); i++ {
+		if t[i] != '%' {
+			b.WriteByte(t[i])
+			continue
+		}
+		if i+2 >= len(t) || !isHex(t[i+1]) || !isHex(t[i+2]) {
+			return "", errors.New("bad escape")
+		}
+		c := unhex(t[i+1])<<4 | unhex(t[i+2])
+		if c == 0 {
+			return "", errors.New("%00")
+		}
+		b.WriteByte(c)
+		i += 2
+	}
+	return b.String(), nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
+}
+
+// kvSpace is the whitespace of libpq's keyword/value tokenizer.
+const kvSpace = " \t\n\r\v\f"
+
+// stripKeywordValue mirrors pgconn's parseKeywordValueSettings (libpq's
+// conninfo tokenizer): a key runs to the first '=', a quoted value to the
+// first unescaped quote, an unquoted one to the first unescaped blank; '\'
+// escapes any character; nothing need separate a closing quote from the
+// next key. It cuts each secret pair out, from its key to the next key, so
+// that what is kept is left exactly as written.
+func stripKeywordValue(s string) (r strippedDSN) {
+	fail := func(msg string) strippedDSN {
+		r.err = errors.New(msg)
+		return r
+	}
+	rest := strings.TrimLeft(s, kvSpace)
+	var out strings.Builder
+	for len(rest) > 0 {
+		pairStart := rest
+		eq := strings.IndexByte(rest, '=')
+		if eq < 0 {
+			return fail(`it has a keyword without "="`)
+		}
+		key := strings.Trim(rest[:eq], kvSpace)
+		if key == "" || strings.ContainsAny(key, kvSpace) {
+			return fail("it has an empty keyword or one holding a blank")
+		}
+		v := strings.TrimLeft(rest[eq+1:], kvSpace)
+		var raw string
+		switch {
+		case len(v) == 0:
+			rest = v
+		case v[0] != '\'':
+			end := 0
+			for ; end < len(v); end++ {
+				if strings.IndexByte(kvSpace, v[end]) >= 0 {
+					break
+				}
+				if v[end] == '\\' {
+					end++
+					if end == len(v) {
+						break
+					}
+				}
+			}
+			raw = v[:end]
+			rest = strings.TrimLeft(v[end:], kvSpace)
+		default:
+			q := v[1:]
+			end := 0
+			for ; end < len(q); end++ {
+				if q[end] == '\'' {
+					break
+				}
+				if q[end] == '\\' {
+					end++
+					if end == len(q) {
+						break
+					}
+				}
+			}
+			if end >= len(q) {
+				return fail("it has an unterminated quoted value")
+			}
+			raw = q[:end]
+			rest = strings.TrimLeft(q[end+1:], kvSpace)
+		}
+		key = connKey(key)
+		if isSecretKey(key) {
+			r.secrets = append(r.secrets, raw, unescapeKeywordValue(raw))
+			r.stripped = true
+			continue
+		}
+		out.WriteString(pairStart[:len(pairStart)-len(rest)])
+		r.keys = append(r.keys, key)
+	}
+	r.dsn = strings.TrimRight(out.String(), kvSpace)
+	return r
+}
+
+// unescapeKeywordValue drops each '\' and keeps what it escapes.
+func unescapeKeywordValue(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' {
+			i++
+			if i == len(s) {
+				break
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// checkNoSecretKey asks pgx whether connString still holds a password or
+// sslpassword, from its own parse of the string alone (ConnStringAllowedKeys
+// is checked before the environment, a service file or a passfile is read,
+// so PGPASSWORD and ~/.pgpass cannot stand in for one): every key the
+// stripping kept is allowed, never password or sslpassword, and a key pgx
+// refuses fails the check. keys only spare false refusals; they cannot make
+// pgx accept a password.
+func checkNoSecretKey(connString string, keys []string) error {
+	if connString == "" {
+		return nil
+	}
+	// No key allowed: a refused key proves pgx parsed the string (the check
+	// comes after the parse); any other error is a string pgx cannot read.
+	_, err := pgconn.ParseConfigWithOptions(connString, pgconn.ParseConfigOptions{ConnStringAllowedKeys: []string{}})
+	if err == nil {
+		return nil // no key at all
+	}
+	if !keyRefused(err) {
+		return errors.New("refusing to write the template: DATABASE_URL without its password is not a connection string pgx reads")
+	}
+	allowed := []string{}
+	for _, k := range keys {
+		if !isSecretKey(k) {
+			allowed = append(allowed, k)
+		}
+	}
+	_, err = pgconn.ParseConfigWithOptions(connString, pgconn.ParseConfigOptions{ConnStringAllowedKeys: allowed})
+	if err != nil && keyRefused(err) {
+		return errors.New("refusing to write the template: pgx still reads a password (or sslpassword, or a key lambdalocal cannot vouch for) in DATABASE_URL after stripping it; remove it from DATABASE_URL and give PGPASSWORD at invoke time")
+	}
+	// Any other error comes after the key check (a file, a port): not a
+	// password.
+	return nil
+}
+
+// keyRefused reports whether err is pgx refusing a key under
+// ConnStringAllowedKeys.
+func keyRefused(err error) bool {
+	var pce *pgconn.ParseConfigError
+	return errors.As(err, &pce) && pce.Unwrap() == nil && strings.HasSuffix(pce.Error(), " is not in ConnStringAllowedKeys")
+}
+
+// originalSecrets lists the secrets of the original DATABASE_URL: those the
+// stripping found, and the password pgx reads from the string itself (one
+// the stripped string does not give as well: that comes from PGPASSWORD or
+// the passfile, not from DATABASE_URL).
+func originalSecrets(original string, dsn strippedDSN) []string {
+	secrets := dsn.secrets
+	if cfg, err := pgconn.ParseConfig(strings.TrimSpace(original)); err == nil && cfg.Password != "" {
+		if env, err := pgconn.ParseConfig(dsn.dsn); err != nil || env.Password != cfg.Password {
+			secrets = append(secrets, cfg.Password)
+		}
+	}
+	return secrets
+}
+
+// containsSecret reports whether b holds any secret of at least 4 bytes,
+// raw, query-escaped or path-escaped, as is or JSON-escaped.
+func containsSecret(b []byte, secrets []string) bool {
+	for _, s := range secrets {
+		if len(s) < 4 {
+			continue
+		}
+		for _, form := range []string{s, url.QueryEscape(s), url.PathEscape(s)} {
+			if bytes.Contains(b, []byte(form)) {
+				return true
+			}
+			if j, err := json.Marshal(form); err == nil && bytes.Contains(b, j[1:len(j)-1]) {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // samFunctions are the functions of the SAM template, with the timeouts the
 // deployed stack gives them by default (infra/stack: the sweep's is its
@@ -225,12 +586,27 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 	// (and a client key's passphrase) never goes into it. PGPASSWORD and
 	// PGSSLPASSWORD are declared empty so that `sam local invoke --env-vars`
 	// can supply them at invoke time; pgx ignores them empty.
-	if u, stripped := stripPassword(env["DATABASE_URL"]); stripped {
-		env["DATABASE_URL"] = u
+	original, hasURL := env["DATABASE_URL"]
+	var dsn strippedDSN
+	if hasURL {
+		dsn = stripSecrets(original)
+		env["DATABASE_URL"] = dsn.dsn // trimmed, as settings reads it
+		if dsn.err != nil {
+			fmt.Fprintf(stderr, "lambdalocal: DATABASE_URL is not a connection string pgx reads (%v): the template gets none of it\n", dsn.err)
+		}
+	}
+	if dsn.stripped {
 		env["PGPASSWORD"], env["PGSSLPASSWORD"] = "", ""
 		fmt.Fprintln(stderr, `lambdalocal: the password in DATABASE_URL was left out of the template; give it at invoke time:`)
 		fmt.Fprintln(stderr, `  echo '{"Parameters": {"PGPASSWORD": "..."}}' > bin/sam/env.json  # keep it out of version control`)
 		fmt.Fprintln(stderr, `  sam local invoke -t bin/sam/template.json --env-vars bin/sam/env.json LookupFunction -e events/lookup-direct.json`)
+	}
+	if hasURL {
+		// The last guard, which does not trust the stripping: pgx itself
+		// must find no password in what goes into the template.
+		if err := checkNoSecretKey(dsn.dsn, dsn.keys); err != nil {
+			return err
+		}
 	}
 	resources := map[string]any{}
 	for _, f := range samFunctions {
@@ -257,6 +633,9 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err
+	}
+	if hasURL && containsSecret(b, originalSecrets(original, dsn)) {
+		return errors.New("refusing to write the template: it would hold the password of DATABASE_URL; remove password and sslpassword from DATABASE_URL and give PGPASSWORD at invoke time")
 	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return err
