@@ -11,6 +11,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -20,7 +21,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,6 +79,14 @@ var errNo = errors.New("no")
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal cancels the run, which then winds down (a sweep
+	// counts the backlog left, a summary is printed); the signals' default
+	// action is then restored, so that a second Ctrl-C ends the process at
+	// once instead of being caught and ignored.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }
 
@@ -129,7 +137,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	// back (--fingerprint, --created-from, ...) may be a connection string
 	// pasted in the wrong place.
 	fail := func(err error) int {
-		fmt.Fprintf(stderr, "archivectl %s: %s\n", args[0], redactURLs(oneLine(err)))
+		fmt.Fprintf(stderr, "archivectl %s: %s\n", args[0], settings.Redact(oneLine(err)))
 		return exitError
 	}
 
@@ -219,9 +227,10 @@ func cmdMigrate(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) 
 func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
 	cfg := e.settings.Partitions
 	fs := newFlagSet("partitions", e)
-	fs.IntVar(&cfg.LeadMonths, "lead-months", cfg.LeadMonths, "months ahead that must have partitions (default 3, at least 2)")
-	fs.IntVar(&cfg.RetentionMonths, "retention-months", cfg.RetentionMonths, "whole months kept before the current one (0 keeps everything)")
-	fs.IntVar(&cfg.CompactPerRun, "compact-per-run", 0, "closed months whose primary key to rebuild (compact), each for up to PARTITION_STATEMENT_TIMEOUT; 0, the default here, compacts none")
+	fs.Var((*intValue)(&cfg.LeadMonths), "lead-months", "`months` ahead that must have partitions (default 3, at least 2)")
+	fs.Var((*intValue)(&cfg.RetentionMonths), "retention-months", "whole `months` kept before the current one (0 keeps everything)")
+	cfg.CompactPerRun = 0
+	fs.Var((*intValue)(&cfg.CompactPerRun), "compact-per-run", "closed `months` whose primary key to rebuild (compact), each for up to PARTITION_STATEMENT_TIMEOUT; 0, the default here, compacts none")
 	dryRun := fs.Bool("dry-run", false, "print the DDL that would run, run nothing")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
@@ -268,7 +277,7 @@ func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []strin
 func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
 	cfg := e.settings.Sweep
 	fs := newFlagSet("sweep", e)
-	fs.IntVar(&cfg.BatchSize, "batch", cfg.BatchSize, "rows per batch (default 10000, at most 50000)")
+	fs.Var((*intValue)(&cfg.BatchSize), "batch", "`rows` per batch (default 10000, at most 50000)")
 	fs.Var((*durationValue)(&cfg.Pause), "pause", "fixed `duration` to pause between batches (default 200ms; 0: none)")
 	fs.Var((*ratioValue)(&cfg.PauseRatio), "pause-ratio", "add this `multiple` of the time worked since the last pause to the pause after it, 0 to 99 (default 3; 0: none)")
 	fs.Var((*durationValue)(&cfg.MaxDuration), "max-duration", "start no batch after this `duration` (default: until drained)")
@@ -383,15 +392,22 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 func cmdLookup(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
 	fs := newFlagSet("lookup", e)
-	fpHex := fs.String("fingerprint", "", "hex SHA-256 fingerprint to compare with the archived one")
+	fpHex := fs.String("fingerprint", "", "hex SHA-256 fingerprint (64 hex digits) to compare with the archived one")
 	pos, err := parse(e, fs, args, 1)
 	if err != nil {
 		return err
 	}
 	var fp []byte
-	if *fpHex != "" {
-		if fp, err = hex.DecodeString(*fpHex); err != nil {
+	if given(fs, "fingerprint") {
+		switch fp, err = hex.DecodeString(*fpHex); {
+		case *fpHex == "":
+			// An unset shell variable ("--fingerprint $FP"), most likely:
+			// a lookup without comparison leaves the flag out.
+			return errors.New("--fingerprint is empty: give a hex SHA-256, or leave the flag out")
+		case err != nil:
 			return fmt.Errorf("--fingerprint is not hex: %q", *fpHex)
+		case len(fp) > maxFingerprintBytes:
+			return fmt.Errorf("--fingerprint is %d bytes, more than %d (a SHA-256 is 64 hex digits)", len(fp), maxFingerprintBytes)
 		}
 	}
 	r, err := archive.NewReader(pool, e.settings.Archive, e.metrics)
@@ -400,13 +416,38 @@ func cmdLookup(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 	}
 	rec, err := r.Lookup(ctx, pos[0], fp)
 	if errors.Is(err, archive.ErrNotFound) {
-		fmt.Fprintf(e.stderr, "archivectl lookup: not in the archive: %s\n", redactURLs(fmt.Sprintf("%q", pos[0])))
+		fmt.Fprintf(e.stderr, "archivectl lookup: not in the archive: %s\n", settings.Redact(fmt.Sprintf("%q", pos[0])))
 		return errNo
 	}
 	if err != nil {
 		return err
 	}
-	return e.printJSON(rec)
+	if err := e.printJSON(rec); err != nil {
+		return err
+	}
+	// Fingerprints are compared only as SHA-256 digests, unless equal
+	// (archive.Record.FingerprintMatch): say why the answer has no
+	// fingerprint_match, or a truncated paste reads as no answer at all.
+	if fp != nil && rec.FingerprintMatch == nil {
+		if len(fp) != sha256.Size {
+			fmt.Fprintf(e.stderr, "archivectl lookup: no fingerprint_match: --fingerprint is %d hex digits, not a SHA-256 digest (64), and differs from the archived one\n", 2*len(fp))
+		} else {
+			fmt.Fprintln(e.stderr, "archivectl lookup: no fingerprint_match: the archived fingerprint is not a SHA-256 digest, and differs from --fingerprint")
+		}
+	}
+	return nil
+}
+
+// maxFingerprintBytes is the longest --fingerprint taken, as the lookup API
+// takes (lookupapi): a SHA-256 is 32 bytes, but the archive may hold other
+// fingerprints (the runbook's probe stores '\x00'), compared when equal.
+const maxFingerprintBytes = 64
+
+// given says whether the flag name was set on the command line.
+func given(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // cmdRedisReconcile archives the outcomes a Redis live store kept without
@@ -454,6 +495,13 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 	if err := e.printJSON(res); err != nil {
 		return err
 	}
+	// Nothing at all under the prefix reads like "nothing left" but is
+	// also what a mistyped --prefix or the wrong database index gives. An
+	// empty store is legitimate (a fresh or idle one: every key expires),
+	// so this is a warning, and the exit status stays 0.
+	if res.Scanned == 0 {
+		fmt.Fprintf(e.stderr, "archivectl redis-reconcile: warning: no key under prefix %s in Redis database %d: is this the store's prefix and database?\n", settings.Redact(strconv.Quote(*prefix)), opts.DB)
+	}
 	// A dry run changed nothing: what it found is still left.
 	if res.Failed > 0 || (*dryRun && res.Kept > 0) {
 		return errNo
@@ -473,7 +521,8 @@ func cmdQuery(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) er
 	fs.StringVar(&q.ScopePrefix, "scope-prefix", "", "scoped keys starting with this, byte for byte (required)")
 	fs.StringVar(&from, "created-from", "", "RFC 3339 time, inclusive (required)")
 	fs.StringVar(&to, "created-to", "", "RFC 3339 time, exclusive (required)")
-	fs.IntVar(&q.Limit, "limit", 100, "page size")
+	q.Limit = 100
+	fs.Var((*intValue)(&q.Limit), "limit", "page size, in `records`")
 	fs.StringVar(&q.Cursor, "cursor", "", "next_cursor of the previous page")
 	if _, err := parse(e, fs, args, 0); err != nil {
 		return err
@@ -541,17 +590,27 @@ func newFlagSet(name string, e *env) *flag.FlagSet {
 // arguments ("lookup KEY --fingerprint X" as well as "lookup --fingerprint X KEY").
 // Everything after "--" is positional, so a key that looks like a flag
 // ("lookup -- -h") is data.
+//
+// A flag given more than once is refused, as the Lambda functions refuse an
+// option named twice: the flag package would silently keep the last value
+// ("--dry-run --dry-run=false" would run for real).
 func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) {
+	twice := refuseRepeats(fs)
+	defer unwrapRepeats(fs)
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
+			if *twice != "" {
+				return nil, fmt.Errorf("--%s is given more than once: give each flag once", *twice)
+			}
 			if errors.Is(err, flag.ErrHelp) {
+				unwrapRepeats(fs) // the help names the flags' own types
 				fmt.Fprintf(e.stderr, "usage of %s:\n", fs.Name())
 				fs.SetOutput(e.stderr)
 				fs.PrintDefaults()
 				return nil, err
 			}
-			return nil, errors.New(redactURLs(strings.TrimSpace(err.Error())))
+			return nil, errors.New(settings.Redact(strings.TrimSpace(err.Error())))
 		}
 		// The flag package drops a "--" that ends the flags: whatever
 		// follows it is positional, however it looks.
@@ -572,28 +631,60 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 		return nil, errNotHelp
 	}
 	if len(pos) != nPos {
-		return nil, fmt.Errorf("want %d argument(s), got %d: %s", nPos, len(pos), redactURLs(fmt.Sprintf("%q", pos)))
+		return nil, fmt.Errorf("want %d argument(s), got %d: %s", nPos, len(pos), settings.Redact(fmt.Sprintf("%q", pos)))
 	}
 	return pos, nil
 }
 
-// userInfo matches the user and password of a URL (scheme://user:pass@, up
-// to the line's last @: a password pasted unescaped may hold a space, a /
-// or an @), and password matches the password of a key=value connection
-// string, or of a URL's query, up to the end of the line: libpq allows
-// spaces around '=', quoted values with spaces and backslash escapes,
-// quoted or not, and an echoed value is escaped once more (%q), so no
-// shorter match is sure to end after the password.
-var (
-	userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
-	password = regexp.MustCompile(`(?i)(password\s*=).*`)
-)
+// onceValue wraps a flag's Value to refuse a second Set: the flag package
+// calls Set once for each time the flag is given.
+type onceValue struct {
+	flag.Value
+	name  string
+	set   bool
+	twice *string // set to name on the second Set
+}
 
-// redactURLs hides the user and password of any connection string in an
-// error line: an argument or flag value echoed back may be one. It may hide
-// more than that (an ordinary key holding "://" and "@"), never less.
-func redactURLs(s string) string {
-	return password.ReplaceAllString(userInfo.ReplaceAllString(s, "${1}REDACTED@"), "${1}REDACTED")
+func (o *onceValue) Set(s string) error {
+	if o.set {
+		*o.twice = o.name
+		return errors.New("given more than once")
+	}
+	o.set = true
+	return o.Value.Set(s)
+}
+
+// onceBoolValue is onceValue for a boolean flag, which takes no value
+// ("--dry-run"): the flag package asks IsBoolFlag.
+type onceBoolValue struct{ *onceValue }
+
+func (onceBoolValue) IsBoolFlag() bool { return true }
+
+// refuseRepeats wraps every flag of fs in a onceValue, until
+// unwrapRepeats, and returns where the name of a flag given twice lands.
+func refuseRepeats(fs *flag.FlagSet) *string {
+	twice := new(string)
+	fs.VisitAll(func(f *flag.Flag) {
+		o := &onceValue{Value: f.Value, name: f.Name, twice: twice}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			f.Value = onceBoolValue{o}
+			return
+		}
+		f.Value = o
+	})
+	return twice
+}
+
+// unwrapRepeats gives fs's flags back their own Values.
+func unwrapRepeats(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		switch v := f.Value.(type) {
+		case *onceValue:
+			f.Value = v.Value
+		case onceBoolValue:
+			f.Value = v.Value
+		}
+	})
 }
 
 // flagPart is args up to the first "--": the part that may hold flags.
@@ -606,17 +697,22 @@ func flagPart(args []string) []string {
 
 // takeFlag removes a boolean flag (-name or --name, or either with =value
 // as the flag package spells booleans: =true, =false, =1, =0, ...) from the
-// flag part of args, and reports whether it is on.
+// flag part of args, and reports whether it is on. Given more than once, it
+// is refused, as every flag is (see parse).
 func takeFlag(args []string, name string) ([]string, bool, error) {
 	flags := flagPart(args)
 	out := make([]string, 0, len(args))
-	on := false
+	on, seen := false, false
 	for _, a := range flags {
 		flag, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
 		if !strings.HasPrefix(a, "-") || flag != name {
 			out = append(out, a)
 			continue
 		}
+		if seen {
+			return nil, false, fmt.Errorf("--%s is given more than once: give each flag once", name)
+		}
+		seen = true
 		if !hasValue {
 			on = true
 			continue
@@ -640,6 +736,27 @@ func atLeast(fs *flag.FlagSet, name string, value, min int) error {
 	})
 	return err
 }
+
+// intValue is a whole-number flag read as the configuration variables are
+// (PARTITION_RETENTION_MONTHS and the others: strconv.Atoi after trimming
+// spaces): base 10 with an optional sign, so "012" is 12 and "+3" is 3.
+// The flag package's own reads base 0, where "012" is octal 10, "0xA" 10
+// and "1_0" 10: a retention read shorter than meant drops months for good.
+type intValue int
+
+func (n *intValue) Set(s string) error {
+	v, err := strconv.Atoi(strings.TrimSpace(s))
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return errors.New("out of range")
+	case err != nil:
+		return errors.New("not a whole number")
+	}
+	*n = intValue(v)
+	return nil
+}
+
+func (n *intValue) String() string { return strconv.Itoa(int(*n)) }
 
 // durationValue is a duration flag read as the configuration variables are
 // (settings.ParseDuration): a value too long to hold is out of range, and a

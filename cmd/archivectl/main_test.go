@@ -528,7 +528,7 @@ func TestRedisReconcile(t *testing.T) {
 
 	r := cli(t, db, redisURL, "redis-reconcile", "--prefix", prefix, "--dry-run")
 	require.Equal(t, exitNo, r.code, r.stderr)
-	require.JSONEq(t, `{"scanned":2,"kept":1,"archived":1,"failed":1}`, r.stdout)
+	require.JSONEq(t, `{"scanned":2,"kept":1,"archived":1,"failed":1,"already":0}`, r.stdout)
 	require.Contains(t, r.stderr, strconv.Quote(stuck)+": a hash without expiry that is not completed")
 	require.Equal(t, time.Duration(-1), client.PTTL(ctx, kept).Val(), "a dry run changes nothing")
 
@@ -537,7 +537,7 @@ func TestRedisReconcile(t *testing.T) {
 	require.Equal(t, exitNo, r.code, "a dry run leaves what it found: %s", r.stderr)
 	r = cli(t, db, nil, "redis-reconcile", "--redis-url", redisURL["REDIS_URL"], "--prefix", prefix)
 	require.Equal(t, exitOK, r.code, r.stderr)
-	require.JSONEq(t, `{"scanned":1,"kept":1,"archived":1,"failed":0}`, r.stdout)
+	require.JSONEq(t, `{"scanned":1,"kept":1,"archived":1,"failed":0,"already":0}`, r.stdout)
 	require.InDelta(t, time.Until(reg.Entry.ExpiresAt).Seconds(), client.PTTL(ctx, kept).Val().Seconds(), 60)
 	require.Positive(t, client.PTTL(ctx, kept).Val())
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:kept' AND status_code = 201"))

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -22,9 +23,17 @@ type ReconcileResult struct {
 	// Archived counts those now archived and given their expiry back (in a
 	// dry run, those that would be).
 	Archived int `json:"archived"`
-	// Failed counts the hashes without expiry left as they were, each
-	// reported with its reason.
+	// Failed counts the keys without expiry left as they were, each
+	// reported with its reason: kept hashes it could not archive, hashes
+	// not completed or without a state, and keys that are not hashes.
 	Failed int `json:"failed"`
+	// Already counts the kept hashes this run archived whose expiry it did
+	// not give back because it was no longer missing when it came to
+	// (another run beside this one, or the request's own later attempt,
+	// gave it back first; or the hash changed or vanished since the scan).
+	// Their rows are archived all the same. Kept is Archived + Already +
+	// the kept hashes that failed.
+	Already int `json:"already"`
 }
 
 // reconcileScanCount is how many keys each SCAN step asks for: Redis answers
@@ -43,8 +52,10 @@ var ErrNoRedisStoreOnRecord = errors.New("no Redis store on record in idempotenc
 // or a failover), writes each one's archive row from the hash, and gives it
 // its expiry back: the end of its window, or a second when that has passed.
 // With dryRun it counts them and writes nothing. report is called for each
-// hash without expiry it leaves as it was, with the reason; the error it
-// returns is for the scan itself.
+// key without expiry under the prefix it leaves as it was, with the reason
+// (a hash without a state, or a key that is not a hash, included: only a
+// key gone since the scan is passed over); the error it returns is for the
+// scan itself.
 //
 // Why giving an expiry back is safe (the invariant): it happens only after
 // the archive row is committed, under the key a lookup asks for. That key
@@ -91,23 +102,36 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 			h, err := s.client.HGetAll(ctx, hashKey).Result()
 			switch {
 			case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
-				continue // not a hash: not this store's
+				// No release of this store writes anything but hashes under
+				// its prefix: a key without expiry there is named, never
+				// passed over as if the run had found nothing left.
+				res.Failed++
+				report(hashKey, errors.New("a key without expiry that is not a hash: left alone (no release of this store writes one; is the prefix the store's own?)"))
+				continue
 			case err != nil:
 				return res, fmt.Errorf("reconcile: read %q: %w", hashKey, err)
+			case len(h) == 0:
+				continue // gone since the scan: nothing is left
 			case h["state"] == "":
-				continue // gone since the scan, or not this store's
+				res.Failed++
+				report(hashKey, errors.New("a hash without expiry and without a state: left alone (no release of this store writes one; look its key up in the archive before removing it by hand)"))
+				continue
 			case h["state"] != "completed":
 				res.Failed++
 				report(hashKey, errors.New("a hash without expiry that is not completed: left alone (no release of this store writes one; look its key up in the archive before removing it by hand)"))
 				continue
 			}
 			res.Kept++
-			if err := s.reconcileOne(ctx, hashKey, h, dryRun); err != nil {
+			expired, err := s.reconcileOne(ctx, hashKey, h, dryRun)
+			switch {
+			case err != nil:
 				res.Failed++
 				report(hashKey, err)
-				continue
+			case expired:
+				res.Archived++
+			default:
+				res.Already++
 			}
-			res.Archived++
 		}
 		if cursor = next; cursor == 0 {
 			break
@@ -183,41 +207,60 @@ func (s *Redis) withoutExpiry(ctx context.Context, keys []string) ([]string, err
 }
 
 // reconcileOne archives the completed hash h, kept without expiry at
-// hashKey, and gives it its expiry back.
-func (s *Redis) reconcileOne(ctx context.Context, hashKey string, h map[string]string, dryRun bool) error {
+// hashKey, and gives it its expiry back. It reports whether this run gave
+// the expiry back (in a dry run, whether it would): false, without error,
+// when the hash no longer needed it (see ReconcileResult.Already). A dry
+// run makes every check the run makes before it writes.
+func (s *Redis) reconcileOne(ctx context.Context, hashKey string, h map[string]string, dryRun bool) (bool, error) {
 	key, err := s.archivedKey(hashKey, h)
 	if err != nil {
-		return err
+		return false, err
 	}
 	created, errC := strconv.ParseInt(h["created"], 10, 64)
 	expires, errE := strconv.ParseInt(h["expires"], 10, 64)
 	status, errS := strconv.Atoi(h["status"])
 	switch {
 	case errC != nil || errE != nil || errS != nil:
-		return errors.New("a completed hash without its registration's times or its status: left alone")
+		return false, errors.New("a completed hash without its registration's times or its status: left alone")
 	case status < 100 || status > 599 || h["status"] != strconv.Itoa(status):
-		return fmt.Errorf("a completed hash with status %q, which no completion writes: left alone", h["status"])
+		return false, fmt.Errorf("a completed hash with status %q, which no completion writes: left alone", h["status"])
 	case len(h["fp"]) != sha256.Size:
-		return fmt.Errorf("a completed hash whose fingerprint is %d bytes, not SHA-256: left alone", len(h["fp"]))
+		return false, fmt.Errorf("a completed hash whose fingerprint is %d bytes, not SHA-256: left alone", len(h["fp"]))
 	case created <= 0 || expires <= created || expires-created > MaxRedisTTL.Milliseconds():
 		// In milliseconds, as stored: created > 0 and expires > created keep
 		// the difference from overflowing, and a window of centuries from
 		// wrapping to a negative time.Duration that passes the check.
-		return fmt.Errorf("a completed hash whose window (created %d, expires %d, Unix ms) no registration gives: left alone", created, expires)
+		return false, fmt.Errorf("a completed hash whose window (created %d, expires %d, Unix ms) no registration gives: left alone", created, expires)
 	case h["has_rid"] == "1" && !hasField(h, "rid"):
-		return errors.New("a completed hash that says it has a resource id and holds none: left alone")
+		return false, errors.New("a completed hash that says it has a resource id and holds none: left alone")
+	case !storableText(key):
+		// PostgreSQL's text holds neither: the row could not be written,
+		// and a dry run must not count as archived what the run fails.
+		return false, fmt.Errorf("a completed hash whose key %q is not UTF-8 or holds a NUL byte, which the archive cannot store: left alone", key)
+	case h["has_rid"] == "1" && !storableText(h["rid"]):
+		return false, fmt.Errorf("a completed hash whose resource id %q is not UTF-8 or holds a NUL byte, which the archive cannot store: left alone", h["rid"])
 	}
 	if dryRun {
-		return nil
+		return true, nil
 	}
 	e := entryFromHash(h)
 	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, e.Fingerprint, status, e.ResourceID, e.CreatedAt, e.ExpiresAt); err != nil {
-		return fmt.Errorf("write its archive row under %q (expired %s): %w", key, e.ExpiresAt.Format(time.RFC3339), err)
+		return false, fmt.Errorf("write its archive row under %q (expired %s): %w", key, e.ExpiresAt.Format(time.RFC3339), err)
 	}
-	if err := redisExpireArchived.Run(ctx, s.client, []string{hashKey}, h["reg"], s.remaining(e.ExpiresAt)).Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("archived under %q; give its hash back its expiry: %w", key, err)
+	// The script answers 1 only where it set the expiry: 0 where another
+	// run, or the request's later attempt, gave it back first, or the
+	// hash changed since it was read.
+	set, err := redisExpireArchived.Run(ctx, s.client, []string{hashKey}, h["reg"], s.remaining(e.ExpiresAt)).Int()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return false, fmt.Errorf("archived under %q; give its hash back its expiry: %w", key, err)
 	}
-	return nil
+	return set == 1, nil
+}
+
+// storableText says whether PostgreSQL's text (UTF-8 server encoding) can
+// hold s: valid UTF-8 without a NUL byte.
+func storableText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
 // archivedKey returns the scoped key the hash at hashKey is archived
