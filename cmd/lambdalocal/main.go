@@ -634,7 +634,17 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if hasURL && containsSecret(b, originalSecrets(original, dsn)) {
+	// A password that is also ordinary text of the kept DATABASE_URL
+	// (postgres://postgres@localhost/app with password "postgres", a
+	// password equal to the user or database name) says nothing by being
+	// found there: pgx's key check above is the guard for it.
+	var secrets []string
+	for _, secret := range originalSecrets(original, dsn) {
+		if !containsSecret([]byte(dsn.dsn), []string{secret}) {
+			secrets = append(secrets, secret)
+		}
+	}
+	if hasURL && containsSecret(b, secrets) {
 		return errors.New("refusing to write the template: it would hold the password of DATABASE_URL; remove password and sslpassword from DATABASE_URL and give PGPASSWORD at invoke time")
 	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {

@@ -75,3 +75,17 @@ func TestTemplateIsRefusedWhenItsBytesHoldThePassword(t *testing.T) {
 	require.False(t, containsSecret([]byte(`{"A": "pw"}`), []string{"pw"}), "under 4 bytes: not checked")
 	require.True(t, containsSecret([]byte(`{"A": "x\u0026y\u003cz"}`), []string{"x&y<z"}))
 }
+
+// A password that is also ordinary text of the kept DATABASE_URL (the
+// "postgres" of a local server's postgres://postgres:postgres@...) does not
+// refuse the template: its password is gone, which pgx's check proves.
+func TestAPasswordThatIsAlsoTheUserOrDatabaseNameDoesNotRefuseTheTemplate(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres:postgres@127.0.0.1:5432/postgres")
+	t.Setenv("METRICS_NAMESPACE", "")
+	out := filepath.Join(t.TempDir(), "t.json")
+	require.NoError(t, run(context.Background(), []string{"template", "-o", out}, io.Discard, io.Discard))
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres"`)
+	require.NotContains(t, string(b), "postgres:postgres@")
+}

@@ -127,3 +127,20 @@ func TestVersion2EventsAreAnsweredWithAStatusCode(t *testing.T) {
 		require.NotEmpty(t, d.Body, payload)
 	}
 }
+
+// Only the members that carry the key are held to it: a header or cookie
+// with a byte that is not UTF-8 (a client may send Latin-1, and an event may
+// carry it) does not fail the lookup of an archived key.
+func TestOddBytesOutsideTheKeyDoNotFailALookup(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for name, payload := range map[string]string{
+		"HTTP API 2.0": "{\"version\":\"2.0\",\"rawPath\":\"/v1/archive/keys/idem:v1:probe\",\"headers\":{\"user-agent\":\"caf\xe9\"},\"cookies\":[\"a=\\ud800\"],\"requestContext\":{\"http\":{\"method\":\"GET\"}}}",
+		"REST":         "{\"httpMethod\":\"GET\",\"path\":\"/v1/archive/keys/idem:v1:probe\",\"headers\":{\"User-Agent\":\"caf\xe9\"},\"body\":\"\\udfff\"}",
+	} {
+		var d struct{ StatusCode int }
+		out := b.invoke(t, []byte(payload))
+		require.NoError(t, json.Unmarshal(out, &d), name)
+		require.Equal(t, 200, d.StatusCode, "%s: %s", name, out)
+	}
+}

@@ -120,10 +120,7 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		return h.refuse(ctx, kindOfUnreadable(payload), badPayload(err), requestID)
 	}
 	kind := kindOf(sh)
-	// encoding/json would read a byte that is not UTF-8, or an unpaired
-	// surrogate escape, as U+FFFD: a key sent that way would be answered
-	// for another key, as a definite 200 or 404.
-	if err := strictjson.Lossless(payload); err != nil {
+	if err := lossless(kind, payload); err != nil {
 		return h.refuse(ctx, kind, badPayload(err), requestID)
 	}
 	switch kind {
@@ -167,6 +164,40 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		return h.refuse(ctx, kind, badPayload(err), requestID)
 	}
 	return h.respond(ctx, h.api.Direct(ctx, req, requestID))
+}
+
+// keyMembers are the members of an API Gateway or function URL event that
+// can carry a key or a query.
+type keyMembers struct {
+	RawPath         json.RawMessage `json:"rawPath"`
+	RawQueryString  json.RawMessage `json:"rawQueryString"`
+	Path            json.RawMessage `json:"path"`
+	Query           json.RawMessage `json:"queryStringParameters"`
+	MultiValueQuery json.RawMessage `json:"multiValueQueryStringParameters"`
+	PathParameters  json.RawMessage `json:"pathParameters"`
+}
+
+// lossless refuses a payload that encoding/json would read other than as
+// written where it carries a key: a byte that is not UTF-8, or an unpaired
+// surrogate escape, is read as U+FFFD, and the key would be answered for
+// another, as a definite 200 or 404. A direct payload is checked whole (all
+// of it is the caller's request); an event only in the members that carry
+// the key and the query, so that a header or cookie with odd bytes, which a
+// client may send and API Gateway may pass on, does not fail the lookup.
+func lossless(kind eventKind, payload []byte) error {
+	if kind == directEvent {
+		return strictjson.Lossless(payload)
+	}
+	var m keyMembers
+	if json.Unmarshal(payload, &m) != nil {
+		return nil // refused by the event's own decoding
+	}
+	for _, raw := range []json.RawMessage{m.RawPath, m.RawQueryString, m.Path, m.Query, m.MultiValueQuery, m.PathParameters} {
+		if err := strictjson.Lossless(raw); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // refuse answers err in the event's shape.

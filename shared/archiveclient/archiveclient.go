@@ -119,8 +119,9 @@ var recordMembers = []string{"scoped_key", "original_status", "resource_id", "cr
 // trusts, a not found runs the request, so an answer that a different
 // version of the function, a proxy or a hand-written stub could have made
 // ambiguous (a status and a record that disagree, a member given twice or in
-// another letter case, a record without its status) is unavailable, never
-// read either way. Members this client does not know are let through, so
+// another letter case, a record without its status) is ErrUnavailable,
+// which the middleware's OnArchiveError policy decides on, as on any archive
+// it cannot reach. Members this client does not know are let through, so
 // that a newer function may add them.
 func readAnswer(payload []byte, scopedKey string) (archive.Record, error) {
 	var a answer

@@ -181,8 +181,8 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 			return nil, named, configError("URL", "database URL sets pool_max_conns: set DATABASE_MAX_CONNS instead")
 		}
 		// One of the two would silently give way to the other.
-		if _, ok := pc.RuntimeParams["default_query_exec_mode"]; ok && modeSet {
-			return nil, named, configError("URL", "database URL sets default_query_exec_mode and DATABASE_EXEC_MODE is set too: set only one")
+		if v, ok := pc.RuntimeParams["default_query_exec_mode"]; ok && modeSet && execModes[strings.ToLower(v)] != mode {
+			return nil, named, configError("URL", "database URL sets default_query_exec_mode to another mode than DATABASE_EXEC_MODE: set only one")
 		}
 	}
 	cfg.MaxConns = cmp.Or(c.MaxConns, 4)

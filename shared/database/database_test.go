@@ -183,8 +183,8 @@ func TestAPoolSizeInTheURLIsRefused(t *testing.T) {
 	}
 }
 
-// An execution mode in the URL and in DATABASE_EXEC_MODE is refused: the
-// variable silently replaced the URL's. Either alone is honoured.
+// An execution mode in the URL other than DATABASE_EXEC_MODE's is refused:
+// the variable silently replaced the URL's. Either alone is honoured.
 func TestAnExecModeInTheURLAndTheVariableIsRefused(t *testing.T) {
 	t.Parallel()
 	for _, u := range []string{
@@ -199,6 +199,10 @@ func TestAnExecModeInTheURLAndTheVariableIsRefused(t *testing.T) {
 		require.NotEqual(t, pgx.QueryExecModeCacheStatement, cfg.ConnConfig.DefaultQueryExecMode, u)
 	}
 	cfg, err := database.Config{URL: "postgres://u@127.0.0.1/db", ExecMode: "exec"}.PoolConfig()
+	require.NoError(t, err)
+	require.Equal(t, pgx.QueryExecModeExec, cfg.ConnConfig.DefaultQueryExecMode)
+	// The same mode in both says one thing.
+	cfg, err = database.Config{URL: "postgres://u@127.0.0.1/db?default_query_exec_mode=exec", ExecMode: "exec"}.PoolConfig()
 	require.NoError(t, err)
 	require.Equal(t, pgx.QueryExecModeExec, cfg.ConnConfig.DefaultQueryExecMode)
 }

@@ -3,6 +3,7 @@ package strictjson_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -93,4 +94,21 @@ func TestDecodeRefusesMembersThatCouldBeReadTwoWays(t *testing.T) {
 	require.Equal(t, options{Key: "a", Plain: 2}, v)
 	// A member named "-" is not the skipped field's.
 	require.ErrorContains(t, strictjson.Decode([]byte(`{"-":"x"}`), &v, true), "unknown field")
+}
+
+// Members checks a payload of many members in one pass (a 6 MB direct
+// payload holds about a million), and still finds two names alike only
+// regardless of case, the Kelvin sign's K included.
+func TestMembersOfALargeObjectAreCheckedInOnePass(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString("{")
+	for i := range 200_000 {
+		fmt.Fprintf(&b, `"a%d":0,`, i)
+	}
+	b.WriteString(`"\u212a":1,"k":2}`)
+	_, err := strictjson.Members([]byte(b.String()))
+	var dup *strictjson.DuplicateError
+	require.ErrorAs(t, err, &dup)
+	require.Equal(t, strictjson.DuplicateError{First: "\u212a", Second: "k"}, *dup)
 }
