@@ -138,14 +138,20 @@ SELECT (SELECT count(*) FROM next), (SELECT count(*) FROM recorded),
 
 var indexToInfinitySQL = strings.Replace(indexSQL, "expired_at < $2", "expired_at <= $2", 1)
 
+// advanceSQL and finishSQL save a range's position, or remove it, only
+// where it still is where the batch started ($5 and $6, or $3 and $4): a
+// range marked again meanwhile (ON CONFLICT ... DO UPDATE resets it, for
+// rows restored into it with triggers off) keeps its reset, and the next
+// batch scans it from its start, rather than from a position past rows that
+// were never recorded.
 const advanceSQL = `
 UPDATE idempotency_archive_plain_keys_pending
    SET after_key = $3, after_expired_at = $4
- WHERE expired_from = $1 AND expired_to = $2`
+ WHERE expired_from = $1 AND expired_to = $2 AND after_key = $5 AND after_expired_at = $6`
 
 const finishSQL = `
 DELETE FROM idempotency_archive_plain_keys_pending
- WHERE expired_from = $1 AND expired_to = $2`
+ WHERE expired_from = $1 AND expired_to = $2 AND after_key = $3 AND after_expired_at = $4`
 
 // lateAdvanceSQL and lateFinishSQL are advanceSQL and finishSQL for a range
 // of idempotency_archive_late_keys_pending.
@@ -201,6 +207,25 @@ func (l Limits) inTx(ctx context.Context, conn *pgx.Conn, deadline time.Time, fn
 	return database.InTx(ctx, conn, settings, fn)
 }
 
+// renewSQL sets the statement and lock timeouts of the rest of a
+// transaction.
+const renewSQL = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)`
+
+// renew bounds the next statements of tx by what is left until deadline
+// (inTx's settings bound each statement by what was left when it began).
+func (l Limits) renew(ctx context.Context, tx pgx.Tx, deadline time.Time) error {
+	left := time.Until(deadline)
+	if left < time.Millisecond {
+		return context.DeadlineExceeded
+	}
+	lock := l.LockTimeout
+	if lock <= 0 || lock > left {
+		lock = left
+	}
+	_, err := tx.Exec(ctx, renewSQL, fmt.Sprintf("%dms", left.Milliseconds()), fmt.Sprintf("%dms", lock.Milliseconds()))
+	return err
+}
+
 // Index records the rows of pending ranges until none is left or deadline
 // passes (checked between batches, and each batch's statements end by it):
 // a batch cut short by the deadline is rolled back and the next run does it,
@@ -248,22 +273,31 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 			if err := tx.QueryRow(ctx, sql, from, to, afterKey, afterExpiry, size).Scan(&scanned, &recorded, &lastKey, &lastExpiry); err != nil {
 				return err
 			}
+			// Each later statement gets what is left of the budget, not
+			// what was left when the transaction began: one that waits on
+			// a lock would otherwise outlast the context's backstop, which
+			// closes the connection the rest of the run needs.
+			exec := func(sql string, args ...any) error {
+				if err := l.renew(ctx, tx, deadline); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, sql, args...)
+				return err
+			}
 			finish, advance := finishSQL, advanceSQL
 			if late {
 				finish, advance = lateFinishSQL, lateAdvanceSQL
 			}
 			if scanned < int64(size) {
-				if _, err := tx.Exec(ctx, finish, from, to); err != nil || late {
+				if err := exec(finish, from, to, afterKey, afterExpiry); err != nil || late {
 					return err
 				}
-				_, err := tx.Exec(ctx, followFinishSQL, from, to, afterKey, afterExpiry)
+				return exec(followFinishSQL, from, to, afterKey, afterExpiry)
+			}
+			if err := exec(advance, from, to, *lastKey, lastExpiry, afterKey, afterExpiry); err != nil || late {
 				return err
 			}
-			if _, err := tx.Exec(ctx, advance, from, to, *lastKey, lastExpiry); err != nil || late {
-				return err
-			}
-			_, err := tx.Exec(ctx, followAdvanceSQL, from, to, *lastKey, lastExpiry, afterKey, afterExpiry)
-			return err
+			return exec(followAdvanceSQL, from, to, *lastKey, lastExpiry, afterKey, afterExpiry)
 		})
 		if outOfTime(err, deadline) && ctx.Err() == nil {
 			return p, p.countLeft(ctx, conn, l)
