@@ -30,7 +30,9 @@ type ReconcileResult struct {
 	// Already counts the kept hashes this run archived whose expiry it did
 	// not give back because it was no longer missing when it came to
 	// (another run beside this one, or the request's own later attempt,
-	// gave it back first; or the hash changed or vanished since the scan).
+	// gave it back first; or the hash vanished since the scan, or changed
+	// and has an expiry: changed and still without one, it counts as
+	// failed).
 	// Their rows are archived all the same. Kept is Archived + Already +
 	// the kept hashes that failed.
 	Already int `json:"already"`
@@ -254,7 +256,16 @@ func (s *Redis) reconcileOne(ctx context.Context, hashKey string, h map[string]s
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return false, fmt.Errorf("archived under %q; give its hash back its expiry: %w", key, err)
 	}
-	return set == 1, nil
+	if set == 1 {
+		return true, nil
+	}
+	// Not set: given back by another, gone, or changed since it was read.
+	// Changed and still without expiry, it is a key left as it was, which
+	// the run must not report as done.
+	if ttl, err := s.client.PTTL(ctx, hashKey).Result(); err == nil && ttl == -1 {
+		return false, fmt.Errorf("archived under %q, but the hash changed since it was read and still has no expiry: run redis-reconcile again", key)
+	}
+	return false, nil
 }
 
 // storableText says whether PostgreSQL's text (UTF-8 server encoding) can

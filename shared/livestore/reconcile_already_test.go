@@ -48,6 +48,14 @@ func TestReconcileCountsAsArchivedOnlyTheExpiryItGaveBack(t *testing.T) {
 	require.False(t, set, "another gave the expiry back first")
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:theirs'"), "its row is written all the same")
 
+	// Read, then changed (another registration's token) and still
+	// without expiry: a key left as it was, reported, never "already".
+	hash, h = keep("idem:v1:changed")
+	require.NoError(t, s.client.HSet(ctx, hash, "reg", "fedcba9876543210").Err())
+	_, err = s.reconcileOne(ctx, hash, h, false)
+	require.ErrorContains(t, err, "changed since it was read and still has no expiry")
+	require.Equal(t, time.Duration(-1), s.client.PTTL(ctx, hash).Val())
+
 	// Read, then gone.
 	hash, h = keep("idem:v1:gone")
 	require.NoError(t, s.client.Del(ctx, hash).Err())
