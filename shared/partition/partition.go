@@ -481,7 +481,26 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		}
 	}
 	if !dryRun {
-		pk, err := maintainPlainKeys(ctx, conn.Conn(), plainkeys.Limits{LockTimeout: m.cfg.LockTimeout}, m.cfg.StatementTimeout)
+		// While a recording trigger is broken (reported above), rows it
+		// misses are found only because their ranges are pending: recorded
+		// and removed now, the rows written after this run would be
+		// answered not found. The pending ranges are kept, read in full,
+		// until a run finds every trigger whole.
+		hold := false
+		if tbl.rootTriggers {
+			err := database.InTx(ctx, conn.Conn(), database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout), func(tx pgx.Tx) error {
+				return tx.QueryRow(ctx, untriggeredSQL).Scan(&hold)
+			})
+			if err != nil {
+				if ctx.Err() != nil {
+					return res, err
+				}
+				hold = true // unknown: kept, as if broken
+				res.Failed = append(res.Failed, Failure{Action: "plain keys", Error: fmt.Sprintf("check the recording triggers (pending ranges kept): %v", err)})
+				errs = append(errs, fmt.Errorf("%w: check the recording triggers: %w", ErrIncomplete, err))
+			}
+		}
+		pk, err := maintainPlainKeys(ctx, conn.Conn(), plainkeys.Limits{LockTimeout: m.cfg.LockTimeout}, m.cfg.StatementTimeout, hold)
 		res.PlainKeys = &pk
 		if err != nil {
 			if ctx.Err() != nil {
@@ -920,7 +939,7 @@ DELETE FROM idempotency_archive_recorded_partitions r
 SELECT c.oid, c.relname,
        CASE WHEN NOT idempotency_archive_partition_recorded(c.oid)
             THEN 'attached by hand and not adopted: the rows it held when attached are not recorded'
-            ELSE 'lacks a recording trigger (or one is disabled or replica-only): rows written into it by name, or moved out of it, are not recorded'
+            ELSE 'lacks a recording trigger (or one is disabled, replica-only or not what its name says): rows written into it by name, or moved out of it, are not recorded'
        END,
        false
   FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
@@ -959,6 +978,25 @@ SELECT c.oid, c.relname, 'lacks one of its own recording triggers (or one is dis
  WHERE c.oid = to_regclass('idempotency_key_archive')
    AND NOT idempotency_archive_root_triggered()`
 	adoptRootSQL = "SELECT idempotency_archive_adopt_root()"
+	// markAllPendingSQL marks every expiry pending, restarting the range
+	// if it is pending already (see plainkeys).
+	markAllPendingSQL = `
+INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to)
+VALUES ('-infinity', 'infinity')
+ON CONFLICT (expired_from, expired_to) DO UPDATE SET after_key = '', after_expired_at = '-infinity'`
+	// untriggeredSQL says whether a recording trigger of the archive, or of
+	// an adopted partition, is missing or not what it should be: after the
+	// run's adoptions, one whose adoption (which marked its rows pending)
+	// could not replace it. A partition not adopted (its writers never left
+	// it free) had nothing marked, and holding the ranges would not help
+	// its rows.
+	untriggeredSQL = `
+SELECT NOT idempotency_archive_root_triggered()
+    OR EXISTS (SELECT 1 FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
+                WHERE t.level >= 1
+                  AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = t.relid AND i.inhdetachpending)
+                  AND idempotency_archive_partition_recorded(t.relid)
+                  AND NOT idempotency_archive_partition_triggered(t.relid))`
 )
 
 // Unrecorded is a partition of the archive whose rows lookups may miss
@@ -1087,6 +1125,23 @@ func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, tbl table, dryRun b
 			adopted = append(adopted, c.name)
 			continue
 		}
+		if c.root {
+			// Pending first, in a transaction of its own: rows swept while
+			// a trigger did not fire are read in full from now on, even
+			// when the repair below fails (the tree never free of writers,
+			// a trigger it cannot replace).
+			if err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, markAllPendingSQL)
+				return err
+			}); err != nil {
+				if ctx.Err() != nil {
+					return adopted, failed, err
+				}
+				failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf(
+					"the archive %s, and its expiries could not be marked pending (lookups of keys without a timestamp can miss rows swept since): %v", c.reason, err)})
+				continue
+			}
+		}
 		var problem *string
 		err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
 			if c.root {
@@ -1120,11 +1175,30 @@ func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, tbl table, dryRun b
 			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf(
 				"partition attached by hand: its rows are marked pending, but it cannot be given the archive's recording triggers "+
 					"(rows written into it by name would not be recorded; make idempotency_owner its owner): %s", *problem)})
+		case !c.root && tbl.attachments && !m.triggered(ctx, conn, c.oid):
+			// Adoption creates a trigger only where none of its name
+			// exists: one of the name but another kind or function
+			// (migration 016 checks both) stays, and rows written into the
+			// partition by name are still not recorded.
+			failed = append(failed, Failure{Action: "adopt", Partition: c.name, Error: fmt.Sprintf(
+				"partition %s has a trigger of a recording trigger's name but another definition (its rows are marked pending, "+
+					"but rows written into it by name are not recorded): drop it (DROP TRIGGER ... ON %s) and run partitions again, which recreates it", c.name, c.name)})
 		default:
 			adopted = append(adopted, c.name)
 		}
 	}
 	return adopted, failed, nil
+}
+
+// triggered reports whether partition oid carries the archive's recording
+// triggers, each of its kind, as it should after its adoption. An error
+// reads as true: the next run's listing asks again.
+func (m *Manager) triggered(ctx context.Context, conn *pgx.Conn, oid uint32) bool {
+	ok := true
+	err := database.InTx(ctx, conn, database.Timeouts(m.cfg.LockTimeout, m.cfg.StatementTimeout), func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "SELECT idempotency_archive_partition_triggered($1)", oid).Scan(&ok)
+	})
+	return err != nil || ok
 }
 
 // backlogMonthsSQL lists every UTC month the expired backlog a sweep batch
@@ -1186,19 +1260,28 @@ type PlainKeys struct {
 	RangesLeft int   `json:"ranges_left"`
 	// Pruned counts entries of months no table of the archive holds.
 	Pruned int64 `json:"pruned"`
+	// Held says the pending ranges were left as they were: a recording
+	// trigger of the archive or of a partition is missing or not what it
+	// should be (reported among the run's failures), and the rows it
+	// misses are found only while their ranges are pending.
+	Held bool `json:"held,omitempty"`
 }
 
 // maintainPlainKeys records the rows of pending ranges and prunes entries of
 // retired months, for at most budget (and never closer than compactMargin
 // to ctx's deadline), each statement waiting for locks at most
 // l.LockTimeout; what it cannot finish, the next run does.
-func maintainPlainKeys(ctx context.Context, conn *pgx.Conn, l plainkeys.Limits, budget time.Duration) (PlainKeys, error) {
-	var pk PlainKeys
+func maintainPlainKeys(ctx context.Context, conn *pgx.Conn, l plainkeys.Limits, budget time.Duration, hold bool) (PlainKeys, error) {
+	pk := PlainKeys{Held: hold}
 	deadline := time.Now().Add(budget)
 	if dl, ok := ctx.Deadline(); ok && dl.Add(-compactMargin).Before(deadline) {
 		deadline = dl.Add(-compactMargin)
 	}
-	p, err := plainkeys.Index(ctx, conn, plainkeys.DefaultBatch, l, deadline)
+	indexBy := deadline
+	if hold {
+		indexBy = time.Now() // records nothing; counts the ranges left
+	}
+	p, err := plainkeys.Index(ctx, conn, plainkeys.DefaultBatch, l, indexBy)
 	pk.Scanned, pk.Recorded, pk.RangesDone, pk.RangesLeft = p.Scanned, p.Recorded, p.RangesDone, p.RangesLeft
 	if err != nil {
 		return pk, err

@@ -120,7 +120,7 @@ BEGIN
                              'idempotency_archive_adopt_partition', 'idempotency_archive_partition_triggers',
                              'idempotency_archive_partition_recorded', 'idempotency_archive_partition_triggered',
                              'idempotency_index_updated_plain_key', 'idempotency_archive_root_triggered',
-                             'idempotency_archive_adopt_root')
+                             'idempotency_archive_adopt_root', 'idempotency_archive_recording_trigger')
            AND p.proowner <> 'idempotency_owner'::regrole
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);

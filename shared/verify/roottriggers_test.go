@@ -100,6 +100,8 @@ func TestAnArchiveTriggerOfTheRightNameButAnotherKindIsReported(t *testing.T) {
 		"AFTER TRUNCATE ON idempotency_key_archive FOR EACH STATEMENT EXECUTE FUNCTION idempotency_index_plain_keys()",
 		"AFTER DELETE ON idempotency_key_archive REFERENCING OLD TABLE AS archived_rows FOR EACH STATEMENT EXECUTE FUNCTION idempotency_index_plain_keys()",
 		"AFTER INSERT ON idempotency_key_archive FOR EACH STATEMENT EXECUTE FUNCTION idempotency_archive_noop()",
+		"AFTER INSERT ON idempotency_key_archive REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION idempotency_index_plain_keys()",
+		"AFTER INSERT ON idempotency_key_archive REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT EXECUTE FUNCTION idempotency_index_plain_keys('x')",
 	} {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			t.Parallel()
@@ -120,10 +122,89 @@ func TestAnArchiveTriggerOfTheRightNameButAnotherKindIsReported(t *testing.T) {
 			require.Len(t, res.Failed, 1, "%+v", res.Failed)
 			require.Contains(t, res.Failed[0].Error, "another definition")
 			require.False(t, recordedCheck(t, db).Pass)
+			require.True(t, res.PlainKeys.Held)
+			// The pending range is kept, not recorded and removed by the
+			// run: a row swept after it, which the trigger misses too, is
+			// found, this run and the next.
+			after := dbtest.ArchiveRow{Key: "idem:v1:swept-after-the-run", Status: 201, ExpiredAt: time.Date(2026, 11, 21, 5, 0, 0, 0, time.UTC)}
+			dbtest.InsertArchive(t, db.Pool, after)
+			_, err = m.Run(ctx, false)
+			require.ErrorContains(t, err, "another definition")
+			require.Positive(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
 			r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
 			require.NoError(t, err)
-			_, err = r.Lookup(ctx, swept.Key, nil)
+			for _, key := range []string{swept.Key, after.Key} {
+				_, err = r.Lookup(ctx, key, nil)
+				require.NoError(t, err, key)
+			}
+		})
+	}
+}
+
+// A partition's trigger of a recording trigger's name but another kind or
+// function passed the check (names alone were read), and rows written into
+// the partition by name went unrecorded. Now the check fails, the run
+// reports it (adoption does not replace a trigger), and once an owner drops
+// it the next run recreates it and the check passes.
+func TestAPartitionTriggerOfTheRightNameButAnotherKindIsReported(t *testing.T) {
+	t.Parallel()
+	for i, def := range []string{
+		"AFTER TRUNCATE ON idempotency_key_archive_2026_11 FOR EACH STATEMENT EXECUTE FUNCTION idempotency_index_plain_keys()",
+		"AFTER INSERT ON idempotency_key_archive_2026_11 FOR EACH ROW EXECUTE FUNCTION idempotency_archive_noop()",
+		"AFTER INSERT ON idempotency_key_archive_2026_11 REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT EXECUTE FUNCTION idempotency_archive_noop()",
+		"AFTER INSERT ON idempotency_key_archive_2026_11 REFERENCING NEW TABLE AS archived_rows FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION idempotency_index_plain_keys()",
+	} {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			db := setup(t)
+			ctx := context.Background()
+			_, err := db.Pool.Exec(ctx, `CREATE FUNCTION idempotency_archive_noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+				DROP TRIGGER idempotency_key_archive_plain_keys ON idempotency_key_archive_2026_11;
+				CREATE TRIGGER idempotency_key_archive_plain_keys `+def)
 			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive_2026_11 (scoped_key, fingerprint, status_code, created_at, expired_at)
+				VALUES ('idem:v1:by-name', '\x00', 201, '2026-11-02 00:00:00+00', '2026-11-03 00:00:00+00')`)
+			require.NoError(t, err)
+			c := recordedCheck(t, db)
+			require.False(t, c.Pass)
+			require.Contains(t, c.Figure, "idempotency_key_archive_2026_11: lacks a recording trigger (or one is disabled, replica-only or not what its name says)")
+
+			m, err := partition.NewManager(db.Pool, partition.Config{Now: func() time.Time { return now }}, nil)
+			require.NoError(t, err)
+			res, err := m.Run(ctx, false)
+			require.ErrorContains(t, err, "another definition")
+			require.Len(t, res.Failed, 1, "%+v", res.Failed)
+			require.Contains(t, res.Failed[0].Error, "DROP TRIGGER ... ON idempotency_key_archive_2026_11")
+			require.False(t, recordedCheck(t, db).Pass)
+			require.True(t, res.PlainKeys.Held)
+			_, err = db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive_2026_11 (scoped_key, fingerprint, status_code, created_at, expired_at)
+				VALUES ('idem:v1:by-name-while-broken', '\x00', 201, '2026-11-02 00:00:00+00', '2026-11-05 00:00:00+00')`)
+			require.NoError(t, err)
+			r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+			require.NoError(t, err)
+			for _, key := range []string{"idem:v1:by-name", "idem:v1:by-name-while-broken"} {
+				_, err = r.Lookup(ctx, key, nil)
+				require.NoError(t, err, "%s: its rows are pending, and kept so", key)
+			}
+
+			_, err = db.Pool.Exec(ctx, "DROP TRIGGER idempotency_key_archive_plain_keys ON idempotency_key_archive_2026_11")
+			require.NoError(t, err)
+			res, err = m.Run(ctx, false)
+			require.NoError(t, err)
+			require.Contains(t, res.Adopted, "idempotency_key_archive_2026_11")
+			require.True(t, recordedCheck(t, db).Pass)
+			_, err = db.Pool.Exec(ctx, `INSERT INTO idempotency_key_archive_2026_11 (scoped_key, fingerprint, status_code, created_at, expired_at)
+				VALUES ('idem:v1:by-name-after', '\x00', 201, '2026-11-02 00:00:00+00', '2026-11-04 00:00:00+00')`)
+			require.NoError(t, err)
+			for range 3 {
+				_, err = m.Run(ctx, false)
+				require.NoError(t, err)
+			}
+			require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+			for _, key := range []string{"idem:v1:by-name", "idem:v1:by-name-while-broken", "idem:v1:by-name-after"} {
+				_, err = r.Lookup(ctx, key, nil)
+				require.NoError(t, err, key)
+			}
 		})
 	}
 }
