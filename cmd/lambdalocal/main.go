@@ -509,6 +509,30 @@ func checkNoSecretKey(connString string, keys []string) error {
 	return nil
 }
 
+// checkURLShape refuses two ways of writing DATABASE_URL that neither pgx nor
+// the stripping reads as a URL with a password, though one is in it: a
+// scheme not in lower case (Postgresql://u:pw@h/db is read as a keyword/value
+// string, whose first key is all of it), and an '@' after the first '/'
+// past the scheme (postgres://u:pw/x@h/db: libpq ends the user at the '/',
+// and reads "u:pw" as a host). Either would carry the password into the
+// template whole.
+func checkURLShape(dsn string) error {
+	lower := strings.ToLower(dsn)
+	for _, scheme := range []string{"postgres://", "postgresql://"} {
+		if !strings.HasPrefix(lower, scheme) {
+			continue
+		}
+		if !strings.HasPrefix(dsn, scheme) {
+			return errors.New("refusing to write the template: DATABASE_URL's scheme must be postgres:// or postgresql://, in lower case (pgx reads another case as no URL at all)")
+		}
+		rest := dsn[len(scheme):]
+		if i := strings.IndexByte(rest, '/'); i >= 0 && strings.Contains(rest[i:], "@") {
+			return errors.New("refusing to write the template: DATABASE_URL has an '@' after a '/': percent-encode a '/' in its user or password (%2F), or a '@' in its database name or options (%40)")
+		}
+	}
+	return nil
+}
+
 // keyRefused reports whether err is pgx refusing a key under
 // ConnStringAllowedKeys.
 func keyRefused(err error) bool {
@@ -602,6 +626,9 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 		fmt.Fprintln(stderr, `  sam local invoke -t bin/sam/template.json --env-vars bin/sam/env.json LookupFunction -e events/lookup-direct.json`)
 	}
 	if hasURL {
+		if err := checkURLShape(strings.TrimSpace(original)); err != nil {
+			return err
+		}
 		// The last guard, which does not trust the stripping: pgx itself
 		// must find no password in what goes into the template.
 		if err := checkNoSecretKey(dsn.dsn, dsn.keys); err != nil {

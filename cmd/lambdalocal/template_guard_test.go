@@ -89,3 +89,31 @@ func TestAPasswordThatIsAlsoTheUserOrDatabaseNameDoesNotRefuseTheTemplate(t *tes
 	require.Contains(t, string(b), `"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres"`)
 	require.NotContains(t, string(b), "postgres:postgres@")
 }
+
+// Two ways of writing DATABASE_URL that neither pgx nor the stripping reads
+// as a URL with a password carried it whole into the template: a '/' in the
+// password (generated base64 passwords hold them), where libpq ends the user
+// and reads "user:pass" as a host, and a scheme not in lower case, which
+// pgx reads as a keyword/value string. Both are refused, naming what to do.
+func TestAURLThatHidesItsPasswordFromTheParserIsRefused(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"postgres://app:Sekr1t/Pw@db.example/app":                  "percent-encode a '/'",
+		"postgresql://app:Sekr1t/Pw@db.example:5432/app":           "percent-encode a '/'",
+		"Postgresql://app:Sekr1tPw@db.example/app?sslmode=require": "in lower case",
+		"POSTGRES://app:Sekr1tPw@db.example/app":                   "in lower case",
+	} {
+		t.Setenv("DATABASE_URL", dsn)
+		out := filepath.Join(t.TempDir(), "t.json")
+		err := run(context.Background(), []string{"template", "-o", out}, io.Discard, io.Discard)
+		require.ErrorContains(t, err, want, dsn)
+		require.NotContains(t, err.Error(), "Sekr1t")
+		require.NoFileExists(t, out)
+	}
+	// Percent-encoded, the same password is stripped.
+	t.Setenv("DATABASE_URL", "postgres://app:Sekr1t%2FPw@db.example/app")
+	out := filepath.Join(t.TempDir(), "t.json")
+	require.NoError(t, run(context.Background(), []string{"template", "-o", out}, io.Discard, io.Discard))
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), "Sekr1t")
+}

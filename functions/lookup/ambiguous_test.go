@@ -144,3 +144,26 @@ func TestOddBytesOutsideTheKeyDoNotFailALookup(t *testing.T) {
 		require.Equal(t, 200, d.StatusCode, "%s: %s", name, out)
 	}
 }
+
+// An event that gives a member twice, in the same spelling or in two that
+// encoding/json reads as one, is refused: it would answer for the last.
+// API Gateway never sends one; a hand-made lambda:Invoke may.
+func TestEventMembersGivenTwiceAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for name, payload := range map[string]string{
+		"REST, a query parameter twice":  `{"httpMethod":"GET","path":"/v1/archive/lookup","queryStringParameters":{"scoped_key":"idem:v1:probe","scoped_key":"idem:v1:other"}}`,
+		"HTTP API 2.0, query twice":      `{"version":"2.0","rawPath":"/v1/archive/lookup","rawQueryString":"scoped_key=x","queryStringParameters":{"scoped_key":"idem:v1:probe","scoped_key":"idem:v1:other"},"requestContext":{"http":{"method":"GET"}}}`,
+		"HTTP API 2.0, rawPath in cases": `{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","RAWPATH":"/v1/archive/keys/idem:v1:other","requestContext":{"http":{"method":"GET"}}}`,
+		"REST, path twice":               `{"httpMethod":"GET","path":"/v1/archive/keys/idem:v1:probe","path":"/v1/archive/keys/idem:v1:other"}`,
+	} {
+		var d struct {
+			StatusCode int
+			Body       string
+		}
+		out := b.invoke(t, []byte(payload))
+		require.NoError(t, json.Unmarshal(out, &d), name)
+		require.Equal(t, 400, d.StatusCode, "%s: %s", name, out)
+		require.Contains(t, d.Body, "name the same member", name)
+	}
+}

@@ -178,7 +178,8 @@ type keyMembers struct {
 }
 
 // lossless refuses a payload that encoding/json would read other than as
-// written where it carries a key: a byte that is not UTF-8, or an unpaired
+// written where it carries a key (or reads one of two members given for
+// one): a byte that is not UTF-8, or an unpaired
 // surrogate escape, is read as U+FFFD, and the key would be answered for
 // another, as a definite 200 or 404. A direct payload is checked whole (all
 // of it is the caller's request); an event only in the members that carry
@@ -194,6 +195,14 @@ func lossless(kind eventKind, payload []byte) error {
 	}
 	for _, raw := range []json.RawMessage{m.RawPath, m.RawQueryString, m.Path, m.Query, m.MultiValueQuery, m.PathParameters} {
 		if err := strictjson.Lossless(raw); err != nil {
+			return err
+		}
+	}
+	// A member given twice (API Gateway never does; a hand-made event
+	// may) would be read by its last: the event's own members, where
+	// encoding/json also matches "RAWPATH" to rawPath, and the query's.
+	for _, object := range [][]byte{payload, m.Query, m.MultiValueQuery, m.PathParameters} {
+		if _, err := strictjson.Members(object); err != nil {
 			return err
 		}
 	}
