@@ -40,12 +40,15 @@ func TestABatchCutByTheBudgetKeepsTheConnection(t *testing.T) {
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
+	committed := make(chan struct{})
 	go func() {
+		defer close(committed)
 		time.Sleep(1500 * time.Millisecond)
 		_ = t1.Commit(ctx)
 	}()
 	start := time.Now()
 	p, err := plainkeys.Index(ctx, conn.Conn(), plainkeys.DefaultBatch, plainkeys.Limits{LockTimeout: 5 * time.Second}, time.Now().Add(2*time.Second))
+	<-committed // before t1's deferred Rollback
 	require.NoError(t, err, "after %s: %+v", time.Since(start), p)
 	require.False(t, conn.Conn().IsClosed())
 	require.Less(t, time.Since(start), 3*time.Second, "the budget's end, not the lock's")
