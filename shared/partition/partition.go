@@ -939,7 +939,7 @@ DELETE FROM idempotency_archive_recorded_partitions r
 SELECT c.oid, c.relname,
        CASE WHEN NOT idempotency_archive_partition_recorded(c.oid)
             THEN 'attached by hand and not adopted: the rows it held when attached are not recorded'
-            ELSE 'lacks a recording trigger (or one is disabled, replica-only or not what its name says): rows written into it by name, or moved out of it, are not recorded'
+            ELSE 'lacks a recording trigger (or one is disabled, replica-only, not what its name says, or was turned off and on again since it was adopted): rows written into it by name, or moved out of it, are not recorded'
        END,
        false
   FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
@@ -977,7 +977,8 @@ SELECT c.oid, c.relname, 'lacks one of its own recording triggers (or one is dis
   FROM pg_class c
  WHERE c.oid = to_regclass('idempotency_key_archive')
    AND NOT idempotency_archive_root_triggered()`
-	adoptRootSQL = "SELECT idempotency_archive_adopt_root()"
+	adoptRootSQL      = "SELECT idempotency_archive_adopt_root()"
+	vouchNewClonesSQL = "SELECT idempotency_archive_vouch_new_clones()"
 	// markAllPendingSQL marks every expiry pending, restarting the range
 	// if it is pending already (see plainkeys).
 	markAllPendingSQL = `
@@ -1145,8 +1146,18 @@ func (m *Manager) adopt(ctx context.Context, conn *pgx.Conn, tbl table, dryRun b
 		var problem *string
 		err := database.InTx(ctx, conn, settings, func(tx pgx.Tx) error {
 			if c.root {
-				return tx.QueryRow(ctx, adoptRootSQL).Scan(&problem)
+				if err := tx.QueryRow(ctx, adoptRootSQL).Scan(&problem); err != nil || problem == nil || *problem != "" || !tbl.vouches {
+					return err
+				}
+				// The clones of its row trigger the repair wrote, under the
+				// tree's locks (migration 018).
+				_, err := tx.Exec(ctx, vouchNewClonesSQL)
+				return err
 			}
+			// Adopting, it marks what a clone of the row trigger turned off
+			// may have let a MERGE move out of it, and vouches for its
+			// triggers as they are then (idempotency_archive_partition_triggers,
+			// migration 018).
 			return tx.QueryRow(ctx, adoptSQL, c.oid).Scan(&problem)
 		})
 		switch {
@@ -1484,6 +1495,9 @@ type table struct {
 	// rootTriggers: the schema has migration 015's functions that check
 	// and repair the archive table's own recording triggers.
 	rootTriggers bool
+	// vouches: the schema records the partitions' recording triggers as
+	// adopted (migration 018).
+	vouches bool
 }
 
 func (t table) qualified() string { return pgx.Identifier{t.schema, ArchiveTable}.Sanitize() }
@@ -1500,13 +1514,14 @@ SELECT c.oid, n.nspname, pg_get_userbyid(c.relowner),
                   AND a.attname = 'attached' AND NOT a.attisdropped)
        AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_recorded(oid)') IS NOT NULL
        AND to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_partition_triggered(oid)') IS NOT NULL,
-       to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_root()') IS NOT NULL
+       to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_adopt_root()') IS NOT NULL,
+       to_regprocedure(quote_ident(n.nspname) || '.idempotency_archive_vouch_partition_triggers(oid)') IS NOT NULL
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.oid = to_regclass('idempotency_key_archive')`
 
 func lookupTable(ctx context.Context, conn *pgx.Conn) (table, error) {
 	var t table
-	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts, &t.triggers, &t.attachments, &t.rootTriggers)
+	err := conn.QueryRow(ctx, tableSQL).Scan(&t.oid, &t.schema, &t.owner, &t.adopts, &t.triggers, &t.attachments, &t.rootTriggers, &t.vouches)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, errors.New("table idempotency_key_archive not found on the search_path: run `archivectl migrate` first")
 	}

@@ -99,7 +99,7 @@ BEGIN
                               'idempotency_archive_schema_version',
                               'idempotency_archive_plain_keys', 'idempotency_archive_plain_keys_pending',
                               'idempotency_archive_late_keys_pending', 'idempotency_archive_recorded_partitions',
-                              'idempotency_archive_recorded_triggers')
+                              'idempotency_archive_recorded_triggers', 'idempotency_archive_recorded_partition_triggers')
                 OR part.is_partition)
            AND c.relkind IN ('r', 'p')
     LOOP
@@ -122,7 +122,8 @@ BEGIN
                              'idempotency_archive_partition_recorded', 'idempotency_archive_partition_triggered',
                              'idempotency_index_updated_plain_key', 'idempotency_archive_root_triggered',
                              'idempotency_archive_adopt_root', 'idempotency_archive_recording_trigger',
-                             'idempotency_archive_vouch_triggers')
+                             'idempotency_archive_vouch_triggers', 'idempotency_archive_vouch_partition_triggers',
+                             'idempotency_archive_mark_moved_rows', 'idempotency_archive_vouch_new_clones')
            AND p.proowner <> 'idempotency_owner'::regrole
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);
@@ -136,7 +137,7 @@ BEGIN
     EXECUTE format('REVOKE ALL ON TABLE %1$I.idempotency_keys, %1$I.idempotency_key_archive, %1$I.idempotency_writers, '
                    '%1$I.idempotency_archive_plain_keys, %1$I.idempotency_archive_plain_keys_pending, '
                    '%1$I.idempotency_archive_late_keys_pending, %1$I.idempotency_archive_recorded_partitions, '
-                   '%1$I.idempotency_archive_recorded_triggers '
+                   '%1$I.idempotency_archive_recorded_triggers, %1$I.idempotency_archive_recorded_partition_triggers '
                    'FROM idempotency_sweeper, idempotency_reader, idempotency_writer', target_schema);
     EXECUTE format('GRANT SELECT, DELETE ON TABLE %I.idempotency_keys TO idempotency_sweeper', target_schema);
     EXECUTE format('GRANT UPDATE (expires_at) ON TABLE %I.idempotency_keys TO idempotency_sweeper', target_schema);

@@ -167,7 +167,7 @@ func TestAPartitionTriggerOfTheRightNameButAnotherKindIsReported(t *testing.T) {
 			require.NoError(t, err)
 			c := recordedCheck(t, db)
 			require.False(t, c.Pass)
-			require.Contains(t, c.Figure, "idempotency_key_archive_2026_11: lacks a recording trigger (or one is disabled, replica-only or not what its name says)")
+			require.Contains(t, c.Figure, "idempotency_key_archive_2026_11: lacks a recording trigger (or one is disabled, replica-only, not what its name says, or was turned off and on again since it was adopted)")
 
 			m, err := partition.NewManager(db.Pool, partition.Config{Now: func() time.Time { return now }}, nil)
 			require.NoError(t, err)
@@ -258,6 +258,62 @@ func TestTriggersTurnedOffAndOnAgainBetweenRunsAreSeen(t *testing.T) {
 			}
 			require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
 			_, err = r.Lookup(ctx, swept.Key, nil)
+			require.NoError(t, err)
+		})
+	}
+}
+
+// pg_restore --data-only --disable-triggers restores a partitioned table
+// partition by partition (DISABLE TRIGGER ALL, COPY, ENABLE TRIGGER ALL on
+// each month), and an owner may turn a month's triggers off around a MERGE
+// that moves rows out of it: the rows written so went unrecorded, and the
+// next run, reading the triggers as they were by then, found the month whole.
+// The registry of migration 018 sees the month's triggers rewritten: the
+// check fails, and the run adopts the month again (its rows pending, then
+// recorded).
+func TestAMonthsTriggersTurnedOffAndOnAgainAreSeen(t *testing.T) {
+	t.Parallel()
+	for name, write := range map[string]string{
+		"a restore by name": `INSERT INTO idempotency_key_archive_2026_11 (scoped_key, fingerprint, status_code, created_at, expired_at)
+			VALUES ('idem:v1:written-while-off', '\x00', 201, '2026-11-02 00:00:00+00', '2026-11-03 00:00:00+00')`,
+		"a MERGE out of the month": `MERGE INTO idempotency_key_archive a USING (VALUES ('idem:v1:written-while-off')) AS s (k) ON a.scoped_key = s.k
+			WHEN MATCHED THEN UPDATE SET expired_at = '2027-01-03 00:00:00+00'`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := setup(t)
+			ctx := context.Background()
+			if name == "a MERGE out of the month" {
+				dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:written-while-off", Status: 201, ExpiredAt: time.Date(2026, 11, 3, 0, 0, 0, 0, time.UTC)})
+			}
+			require.True(t, recordedCheck(t, db).Pass)
+			_, err := db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive_2026_11 DISABLE TRIGGER ALL")
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, write)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive_2026_11 ENABLE TRIGGER ALL")
+			require.NoError(t, err)
+
+			c := recordedCheck(t, db)
+			require.False(t, c.Pass)
+			require.Contains(t, c.Figure, "idempotency_key_archive_2026_11: lacks a recording trigger (or one is disabled, replica-only, not what its name says, or was turned off and on again since it was adopted)")
+			m, err := partition.NewManager(db.Pool, partition.Config{Now: func() time.Time { return now }}, nil)
+			require.NoError(t, err)
+			res, err := m.Run(ctx, false)
+			require.NoError(t, err)
+			require.Contains(t, res.Adopted, "idempotency_key_archive_2026_11")
+			require.True(t, recordedCheck(t, db).Pass)
+			r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+			require.NoError(t, err)
+			_, err = r.Lookup(ctx, "idem:v1:written-while-off", nil)
+			require.NoError(t, err)
+			for range 3 {
+				res, err = m.Run(ctx, false)
+				require.NoError(t, err)
+				require.Empty(t, res.Adopted)
+			}
+			require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"))
+			_, err = r.Lookup(ctx, "idem:v1:written-while-off", nil)
 			require.NoError(t, err)
 		})
 	}

@@ -193,7 +193,7 @@ func TestAPartitionWithoutItsRecordingTriggerFails(t *testing.T) {
 
 	c := recordedCheck(t, db)
 	require.False(t, c.Pass)
-	require.Contains(t, c.Figure, "idempotency_key_archive_2026_11: lacks a recording trigger (or one is disabled, replica-only or not what its name says): rows written into it by name, or moved out of it, are not recorded")
+	require.Contains(t, c.Figure, "idempotency_key_archive_2026_11: lacks a recording trigger (or one is disabled, replica-only, not what its name says, or was turned off and on again since it was adopted): rows written into it by name, or moved out of it, are not recorded")
 
 	m, err := partition.NewManager(db.Pool, partition.Config{Now: func() time.Time { return now }}, nil)
 	require.NoError(t, err)
