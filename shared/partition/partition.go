@@ -1631,6 +1631,29 @@ func List(ctx context.Context, pool *pgxpool.Pool) ([]Partition, error) {
 
 func list(ctx context.Context, conn *pgx.Conn) ([]Partition, error) {
 	var parts []Partition
+	// A table another session is attaching right now can be listed before
+	// its bound is (the catalog rows are read in two snapshots): its bound
+	// reads NULL. The list is read again, a moment later, a few times, and
+	// then given without it: the next run sees it attached (a step that
+	// collides with it meanwhile fails, and is reported).
+	for attempt := 1; ; attempt++ {
+		var attaching bool
+		var err error
+		parts, attaching, err = listOnce(ctx, conn)
+		if err != nil || !attaching || attempt == 3 {
+			return parts, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func listOnce(ctx context.Context, conn *pgx.Conn) ([]Partition, bool, error) {
+	var parts []Partition
+	var attaching bool
 	// pg_get_expr prints timestamptz bounds in the session's TimeZone and
 	// DateStyle: pin both so that the text parses the same everywhere.
 	err := database.InTx(ctx, conn, map[string]string{"TimeZone": "UTC", "DateStyle": "ISO, YMD"}, func(tx pgx.Tx) error {
@@ -1641,9 +1664,15 @@ func list(ctx context.Context, conn *pgx.Conn) ([]Partition, error) {
 		defer rows.Close()
 		for rows.Next() {
 			var p Partition
-			if err := rows.Scan(&p.Name, &p.Bound, &p.DetachPending, &p.owner, &p.owned); err != nil {
+			var bound *string
+			if err := rows.Scan(&p.Name, &bound, &p.DetachPending, &p.owner, &p.owned); err != nil {
 				return err
 			}
+			if bound == nil {
+				attaching = true
+				continue
+			}
+			p.Bound = *bound
 			// A partition added by hand must not stop the manager from
 			// managing the rest: it is kept, marked, and reported.
 			if p.Bound == "DEFAULT" {
@@ -1656,9 +1685,9 @@ func list(ctx context.Context, conn *pgx.Conn) ([]Partition, error) {
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list archive partitions: %w", err)
+		return nil, false, fmt.Errorf("list archive partitions: %w", err)
 	}
-	return parts, nil
+	return parts, attaching, nil
 }
 
 var boundRE = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'[^']*')\) TO \((MAXVALUE|'[^']*')\)$`)
