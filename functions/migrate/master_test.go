@@ -9,8 +9,10 @@ import (
 	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/provision"
 	"github.com/idemarchive/idemarchive/shared/schema"
@@ -37,7 +39,7 @@ func asTheirCreator(t *testing.T, admin *pgx.Conn, master string, _ provision.Us
 	}
 	for _, role := range groupRoles {
 		stmt := "GRANT " + role + " TO " + master + " WITH ADMIN TRUE, INHERIT FALSE, SET FALSE"
-		_, err := admin.Exec(context.Background(), stmt)
+		_, err := execRetryingDeadlocks(context.Background(), admin, stmt)
 		require.NoError(t, err, stmt)
 	}
 }
@@ -56,7 +58,7 @@ func asUpgradedFrom15(t *testing.T, admin *pgx.Conn, master string, users provis
 		stmts = append(stmts, "CREATE ROLE "+user+" LOGIN", "GRANT "+role+" TO "+user)
 	}
 	for _, stmt := range stmts {
-		_, err := admin.Exec(context.Background(), stmt)
+		_, err := execRetryingDeadlocks(context.Background(), admin, stmt)
 		require.NoError(t, err, stmt)
 	}
 }
@@ -81,14 +83,14 @@ func setupAsMasterWith(t *testing.T, grant func(t *testing.T, admin *pgx.Conn, m
 	// The group roles are the cluster's: made here by the test superuser
 	// where no test made them yet, so that no master user is their creator.
 	for _, role := range groupRoles {
-		_, err := admin.Exec(ctx, `DO $$ BEGIN CREATE ROLE `+role+` NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`)
+		_, err := execRetryingDeadlocks(ctx, admin, `DO $$ BEGIN CREATE ROLE `+role+` NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`)
 		require.NoError(t, err, role)
 	}
 	for _, stmt := range []string{
 		"CREATE ROLE " + master + " LOGIN CREATEROLE",
 		"CREATE SCHEMA " + name + " AUTHORIZATION " + master,
 	} {
-		_, err = admin.Exec(ctx, stmt)
+		_, err = execRetryingDeadlocks(ctx, admin, stmt)
 		require.NoError(t, err, stmt)
 	}
 	users := provision.Users{Sweeper: "sweeper_" + suffix, Reader: "reader_" + suffix, Owner: "owner_" + suffix, Writer: "api_" + suffix}
@@ -205,14 +207,14 @@ func TestAMasterUserThatDidNotCreateTheRolesIsToldWhatToGrant(t *testing.T) {
 
 	// A master user that holds the owner role (granted by hand) but may
 	// grant no role is told the same when it comes to the users.
-	_, err = admin.Exec(ctx, "GRANT idempotency_owner TO "+me)
+	_, err = execRetryingDeadlocks(ctx, admin, "GRANT idempotency_owner TO "+me)
 	require.NoError(t, err)
 	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))
 	require.Equal(t, cfn.StatusFailed, resp.Status)
 	require.Contains(t, resp.Reason, remedy)
 	require.EqualValues(t, 0, count(t, b, "SELECT count(*) FROM pg_roles WHERE rolname = $1", b.users.Sweeper), "a failed deploy leaves no user behind")
 
-	_, err = admin.Exec(ctx, remedy)
+	_, err = execRetryingDeadlocks(ctx, admin, remedy)
 	require.NoError(t, err)
 	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
@@ -255,7 +257,7 @@ func TestAnUpgradedMasterUserWithoutAdminStillDeploys(t *testing.T) {
 		require.Equal(t, cfn.StatusFailed, resp.Status)
 		remedy := "GRANT idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer TO " + me + " WITH ADMIN TRUE, INHERIT FALSE, SET FALSE"
 		require.Contains(t, resp.Reason, remedy)
-		_, err = admin.Exec(ctx, remedy)
+		_, err = execRetryingDeadlocks(ctx, admin, remedy)
 		require.NoError(t, err)
 
 		resp = b.invoke(b.transition(t, nil, rename))
@@ -265,7 +267,7 @@ func TestAnUpgradedMasterUserWithoutAdminStillDeploys(t *testing.T) {
 		require.Contains(t, resp.Reason, "still a member of idempotency_sweeper after REVOKE")
 		require.Contains(t, resp.Reason, "granted by "+super)
 		require.Contains(t, resp.Reason, "REVOKE idempotency_sweeper FROM "+b.users.Sweeper+" GRANTED BY <grantor>")
-		_, err = admin.Exec(ctx, "REVOKE idempotency_sweeper FROM "+b.users.Sweeper+" GRANTED BY "+super)
+		_, err = execRetryingDeadlocks(ctx, admin, "REVOKE idempotency_sweeper FROM "+b.users.Sweeper+" GRANTED BY "+super)
 		require.NoError(t, err)
 		resp = b.invoke(b.transition(t, nil, rename))
 	}
@@ -293,7 +295,7 @@ func TestAnOwnerUserThatLostItsRoleIsRepairedBeforeTheMigrations(t *testing.T) {
 		}
 	}
 	for _, stmt := range stmts {
-		_, err := admin.Exec(ctx, stmt)
+		_, err := execRetryingDeadlocks(ctx, admin, stmt)
 		require.NoError(t, err, stmt)
 	}
 	require.False(t, maySetOwnerRole(t, admin, b.users.Owner), "the premise: the owner user may not SET ROLE idempotency_owner")
@@ -343,7 +345,7 @@ func TestAnOwnerUserWithoutSetNeverMakesTheMasterUserMigrate(t *testing.T) {
 	if serverVersion(t, admin) >= 160000 {
 		strip = "GRANT idempotency_owner TO " + b.users.Owner + " WITH SET FALSE GRANTED BY " + master
 	}
-	_, err = admin.Exec(ctx, strip)
+	_, err = execRetryingDeadlocks(ctx, admin, strip)
 	require.NoError(t, err, strip)
 
 	resp := redeploy(t, b, b.transition(t, nil, nil), nil)
@@ -371,7 +373,7 @@ func TestARefusedRevokeSaysWhatToRun(t *testing.T) {
 		_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+renamed)
 	})
 	for _, stmt := range []string{"CREATE ROLE " + renamed + " LOGIN", "GRANT idempotency_sweeper TO " + renamed} {
-		_, err = admin.Exec(ctx, stmt)
+		_, err = execRetryingDeadlocks(ctx, admin, stmt)
 		require.NoError(t, err, stmt)
 	}
 	resp := b.invoke(b.transition(t, nil, func(p map[string]any) { p["SweeperUser"] = renamed }))
@@ -394,4 +396,17 @@ func maySetOwnerRole(t *testing.T, admin *pgx.Conn, user string) bool {
 	var may bool
 	require.NoError(t, admin.QueryRow(context.Background(), "SELECT pg_has_role($1, 'idempotency_owner', 'MEMBER') AND (current_setting('server_version_num')::int < 160000 OR pg_has_role($1, 'idempotency_owner', 'SET'))", user).Scan(&may))
 	return may
+}
+
+// execRetryingDeadlocks runs a role statement of the test's own, again when
+// PostgreSQL chose it as a deadlock's victim: roles are the cluster's, and
+// the tests beside this one grant and revoke the same roles in their
+// migrations.
+func execRetryingDeadlocks(ctx context.Context, conn *pgx.Conn, sql string) (pgconn.CommandTag, error) {
+	for attempt := 1; ; attempt++ {
+		tag, err := conn.Exec(ctx, sql)
+		if database.SQLState(err) != database.CodeDeadlockDetected || attempt == 5 {
+			return tag, err
+		}
+	}
 }
