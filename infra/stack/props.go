@@ -245,13 +245,15 @@ func (p Props) validate() error {
 	if p.SweepInterval%time.Minute != 0 || p.SweepInterval < 2*time.Minute || p.SweepInterval > time.Hour {
 		return fmt.Errorf("SweepInterval must be whole minutes from 2 to 60, got %s", p.SweepInterval)
 	}
-	for name, v := range map[string]float64{
-		"ArchiveBytesPerRowBaseline": p.ArchiveBytesPerRowBaseline, "AuroraMinCapacity": p.AuroraMinCapacity,
-		"AuroraMaxCapacity": p.AuroraMaxCapacity, "APIRateLimit": p.APIRateLimit, "APIBurstLimit": p.APIBurstLimit,
-		"APIInvestigationRateLimit": p.APIInvestigationRateLimit, "APIInvestigationBurstLimit": p.APIInvestigationBurstLimit,
+	// Each check below names the first value it refuses, in the order
+	// written (a map's would vary from run to run).
+	for _, b := range []named[float64]{
+		{"ArchiveBytesPerRowBaseline", p.ArchiveBytesPerRowBaseline}, {"AuroraMinCapacity", p.AuroraMinCapacity},
+		{"AuroraMaxCapacity", p.AuroraMaxCapacity}, {"APIRateLimit", p.APIRateLimit}, {"APIBurstLimit", p.APIBurstLimit},
+		{"APIInvestigationRateLimit", p.APIInvestigationRateLimit}, {"APIInvestigationBurstLimit", p.APIInvestigationBurstLimit},
 	} {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-			return fmt.Errorf("%s must be a positive finite number (or 0 for the default), got %v", name, v)
+		if math.IsNaN(b.v) || math.IsInf(b.v, 0) || b.v < 0 {
+			return fmt.Errorf("%s must be a positive finite number (or 0 for the default), got %v", b.name, b.v)
 		}
 	}
 	if p.AuroraMinCapacity < 0.5 {
@@ -262,28 +264,28 @@ func (p Props) validate() error {
 	}
 	// Aurora Serverless v2's own bounds, said here rather than as a jsii
 	// panic at synth or a failed deploy.
-	for name, v := range map[string]float64{"AuroraMinCapacity": p.AuroraMinCapacity, "AuroraMaxCapacity": p.AuroraMaxCapacity} {
-		if v > 256 || math.Mod(v, 0.5) != 0 {
-			return fmt.Errorf("%s must be a multiple of 0.5 ACU, at most 256, got %v", name, v)
+	for _, b := range []named[float64]{{"AuroraMinCapacity", p.AuroraMinCapacity}, {"AuroraMaxCapacity", p.AuroraMaxCapacity}} {
+		if b.v > 256 || math.Mod(b.v, 0.5) != 0 {
+			return fmt.Errorf("%s must be a multiple of 0.5 ACU, at most 256, got %v", b.name, b.v)
 		}
 	}
 	if p.AuroraMaxCapacity < 1 {
 		return fmt.Errorf("AuroraMaxCapacity must be at least 1 ACU (Aurora Serverless v2's least maximum), got %v", p.AuroraMaxCapacity)
 	}
 	// CloudFormation types a burst limit as an integer.
-	for name, v := range map[string]float64{"APIBurstLimit": p.APIBurstLimit, "APIInvestigationBurstLimit": p.APIInvestigationBurstLimit} {
-		if v != math.Trunc(v) || v > math.MaxInt32 {
-			return fmt.Errorf("%s must be a whole number of requests, at most %d, got %v", name, math.MaxInt32, v)
+	for _, b := range []named[float64]{{"APIBurstLimit", p.APIBurstLimit}, {"APIInvestigationBurstLimit", p.APIInvestigationBurstLimit}} {
+		if b.v != math.Trunc(b.v) || b.v > math.MaxInt32 {
+			return fmt.Errorf("%s must be a whole number of requests, at most %d, got %v", b.name, math.MaxInt32, b.v)
 		}
 	}
 	if p.APIInvestigationRateLimit > p.APIRateLimit || p.APIInvestigationBurstLimit > p.APIBurstLimit {
 		return fmt.Errorf("APIInvestigationRateLimit and APIInvestigationBurstLimit (context apiInvestigationRateLimit, apiInvestigationBurstLimit: %v, %v) must be at most APIRateLimit and APIBurstLimit (%v, %v): the route's throttle replaces the stage's for it",
 			p.APIInvestigationRateLimit, p.APIInvestigationBurstLimit, p.APIRateLimit, p.APIBurstLimit)
 	}
-	for name, d := range map[string]time.Duration{"PartitionStatementTimeout": p.PartitionStatementTimeout, "PartitionLockTimeout": p.PartitionLockTimeout} {
-		if d > MaxPartitionStatementTimeout {
+	for _, b := range []named[time.Duration]{{"PartitionStatementTimeout", p.PartitionStatementTimeout}, {"PartitionLockTimeout", p.PartitionLockTimeout}} {
+		if b.v > MaxPartitionStatementTimeout {
 			return fmt.Errorf("%s must be at most %s, so that one DDL statement ends with time for the rest of the run before the partitions function's %s limit; got %s",
-				name, MaxPartitionStatementTimeout, maxFunctionTimeout, d)
+				b.name, MaxPartitionStatementTimeout, maxFunctionTimeout, b.v)
 		}
 	}
 	if r := p.LookupReservedConcurrency; r != nil && *r < 1 {
@@ -447,4 +449,11 @@ func logRemoval(p Props) awscdk.RemovalPolicy {
 		return awscdk.RemovalPolicy_RETAIN
 	}
 	return awscdk.RemovalPolicy_DESTROY
+}
+
+// named is a prop's value with its name, for checks that must name the
+// first value they refuse in a fixed order.
+type named[T any] struct {
+	name string
+	v    T
 }
