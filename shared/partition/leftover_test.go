@@ -22,7 +22,7 @@ func TestKilledRebuildLeftoverIsDroppedByARunThatDoesNotCompact(t *testing.T) {
 	killRebuild(t, db, name)
 	require.EqualValues(t, 1, invalidIndexes(t, db), "the killed rebuild left its new index")
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
-		WHERE NOT x.indisvalid AND x.indisready AND c.relname = $1`, name+"_pkey_ccnew"), "maintained by every insert")
+		WHERE NOT x.indisvalid AND x.indisready AND c.relname = $1 AND c.relnamespace = current_schema()::regnamespace`, name+"_pkey_ccnew"), "maintained by every insert")
 
 	// Lookups still work with the leftover in place.
 	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
