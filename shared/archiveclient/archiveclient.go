@@ -49,10 +49,27 @@ type Lambda struct {
 	Client       Invoker
 	FunctionName string
 	// Timeout bounds one invocation, retries included. Default 2s (when
-	// zero); a negative one is refused on every lookup, with an error that
-	// matches context.DeadlineExceeded (so never failed open on). The
-	// caller's context may cut it shorter.
+	// zero); a negative one is refused by Validate (which idempotency.New
+	// calls) and on every lookup, with an error that matches
+	// context.DeadlineExceeded (so never failed open on). The caller's
+	// context may cut it shorter.
 	Timeout time.Duration
+}
+
+// Validate reports a client that can never look a key up: no Client, no
+// FunctionName, or a negative Timeout. idempotency.New calls it, so that a
+// middleware is never built on one (under FailOpen, every lookup failing
+// would run every key, those the archive holds included).
+func (l Lambda) Validate() error {
+	switch {
+	case l.Client == nil:
+		return errors.New("archiveclient: Client is not set")
+	case l.FunctionName == "":
+		return errors.New("archiveclient: FunctionName is not set")
+	case l.Timeout < 0:
+		return fmt.Errorf("archiveclient: Timeout must not be negative, got %s", l.Timeout)
+	}
+	return nil
 }
 
 // Lookup invokes the function for scopedKey. A key no lookup accepts is

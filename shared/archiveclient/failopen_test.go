@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/stretchr/testify/require"
 
@@ -38,27 +40,79 @@ func (f *ctxFunction) Invoke(ctx context.Context, in *lambda.InvokeInput, opts .
 }
 
 // A negative Timeout used to be a deadline already passed: every lookup
-// ended in context.DeadlineExceeded, which the middleware answers 503 even
-// with FailOpen (it never runs a key the archive may hold because the lookup
-// had no time). Refused with an error of its own, the lookup became an
-// "archive error" that FailOpen runs through: every late retry of an
-// archived key ran again.
-func TestANegativeTimeoutNeverFailsOpen(t *testing.T) {
+// ended in context.DeadlineExceeded. Refused with an error of its own on
+// lookup only, it became an "archive error" that FailOpen runs through:
+// every late retry of an archived key ran again. idempotency.New refuses
+// such a client (and one without a function or a client) before any
+// request; a lookup through it still fails with an error matching
+// context.DeadlineExceeded, invoking nothing.
+func TestANegativeTimeoutIsRefusedBeforeAnyRequest(t *testing.T) {
 	t.Parallel()
 	f := &ctxFunction{function{out: archived}}
+	for name, c := range map[string]archiveclient.Lambda{
+		"negative Timeout": {Client: f, FunctionName: "lookup", Timeout: -time.Second},
+		"no FunctionName":  {Client: f},
+		"no Client":        {FunctionName: "lookup"},
+	} {
+		_, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
+		require.Error(t, err, name)
+		require.ErrorContains(t, err, "idempotency: archive: archiveclient: ", name)
+	}
 	c := archiveclient.Lambda{Client: f, FunctionName: "lookup", Timeout: -time.Second}
-	var ran atomic.Int32
-	mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
-	require.NoError(t, err)
-	srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		ran.Add(1)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
-	r.Header.Set(idempotency.HeaderKey, "archived-key")
-	w := httptest.NewRecorder()
-	srv.ServeHTTP(w, r)
-	require.EqualValues(t, 0, ran.Load(), "a key the archive holds ran again: answered %d %s", w.Code, w.Body)
-	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	_, err := c.Lookup(context.Background(), "archived-key", nil)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Empty(t, f.asked, "nothing is invoked")
+}
+
+// A lookup function that is slow (a cold start, a throttled account) is a
+// slow archive, whether the client's own Timeout or the middleware's
+// ArchiveTimeout ended the invocation, while the request itself has time
+// left: OnArchiveError decides. FailOpen runs the fresh key; FailClosed
+// answers 503 and runs nothing. (The SDK's deadline error used to reach the
+// middleware as context.DeadlineExceeded, which it never fails open on.)
+func TestASlowFunctionIsAnArchiveErrorTheSettingDecides(t *testing.T) {
+	t.Parallel()
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(3 * time.Second):
+		case <-r.Context().Done():
+		}
+		_, _ = w.Write([]byte(`{"status":404,"problem":{"code":"key_not_found"}}`))
+	}))
+	t.Cleanup(slow.Close)
+	client := lambda.New(lambda.Options{Region: "us-east-1", BaseEndpoint: aws.String(slow.URL),
+		Credentials: credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""), RetryMaxAttempts: 1})
+	cases := []struct {
+		name                          string
+		clientTimeout, archiveTimeout time.Duration
+		policy                        idempotency.OnArchiveError
+		ran                           int32
+	}{
+		{"client Timeout, FailOpen", 300 * time.Millisecond, 0, idempotency.FailOpen, 1},
+		{"ArchiveTimeout, FailOpen", 5 * time.Second, 300 * time.Millisecond, idempotency.FailOpen, 1},
+		{"client Timeout, FailClosed", 300 * time.Millisecond, 0, idempotency.FailClosed, 0},
+		{"ArchiveTimeout, FailClosed", 5 * time.Second, 300 * time.Millisecond, idempotency.FailClosed, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := archiveclient.Lambda{Client: client, FunctionName: "lookup", Timeout: tc.clientTimeout}
+			var ran atomic.Int32
+			mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true,
+				OnArchiveError: tc.policy, ArchiveTimeout: tc.archiveTimeout})
+			require.NoError(t, err)
+			srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				ran.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			}))
+			r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+			r.Header.Set(idempotency.HeaderKey, "fresh-key")
+			w := httptest.NewRecorder()
+			srv.ServeHTTP(w, r)
+			require.Equal(t, tc.ran, ran.Load(), "answered %d %s", w.Code, w.Body)
+			if tc.ran == 0 {
+				require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+			}
+		})
+	}
 }

@@ -83,6 +83,28 @@ func TestFailOpenOpensWhenTheReadersOwnTimeoutEndedTheLookup(t *testing.T) {
 	require.EqualValues(t, 2, h.calls.Load(), "FailOpen did not fail open on the archive's own statement timeout (answered %d %s)", w.Code, w.Body.String())
 }
 
+// The Reader on a pool in pgx's default mode (cache_statement) prepares its
+// statement on a connection's first use, before any statement timeout is
+// set: a lookup that waits there on a lock is ended by the Reader's
+// backstop, an error matching context.DeadlineExceeded, well before the
+// request's own deadline (none here). The archive was slow, not the
+// request: FailOpen runs the fresh key, and FailClosed answers 503.
+func TestAPrepareThatWaitsOutArchiveTimeoutIsASlowArchive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := &charges{}
+	open := b.middleware(t, idempotency.Config{OnArchiveError: idempotency.FailOpen, ArchiveTimeout: 300 * time.Millisecond, Archive: loggingArchive{t, b.reader}}).Wrap(h)
+	closed := b.middleware(t, idempotency.Config{ArchiveTimeout: 300 * time.Millisecond, Archive: loggingArchive{t, b.reader}}).Wrap(h)
+	lockArchive(t, b)
+	w := post(closed, "fresh-key-prepare-waits", `{}`)
+	require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+	require.Equal(t, "archive_unavailable", problemOf(t, w)["code"])
+	require.EqualValues(t, 0, h.calls.Load())
+	w = post(open, "fresh-key-prepare-waits", `{}`)
+	require.Equal(t, http.StatusCreated, w.Code, "FailOpen did not fail open on a slow archive: %s", w.Body)
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
 // execReader is a Reader on a pool of its own in exec mode (the RDS Proxy
 // mode the stack sets: no statement is prepared in a round trip of its own).
 func execReader(t *testing.T, b bundle, cfg archive.Config) *archive.Reader {

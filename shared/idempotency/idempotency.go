@@ -115,12 +115,6 @@ type Entry struct {
 	ResourceID  *string
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
-	// ArchivedAtCompletion says the store writes this entry's archive row
-	// when it completes (livestore.Redis), so an in-flight entry past its
-	// window may have its outcome in the archive. Carried on the entry as
-	// well as said by CompletionArchiver, so that a wrapper of the store
-	// that hides the interface cannot hide it.
-	ArchivedAtCompletion bool
 	// WindowEnded, when not nil, is the store's own verdict on whether
 	// ExpiresAt has passed, by the clock that set it (the database's, for
 	// the Postgres store). The middleware trusts it over its own clock,
@@ -390,6 +384,14 @@ func New(cfg Config) (*Middleware, error) {
 	path, err := resourceid.SplitPath(cfg.ResourceIDPath)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
+	}
+	if v, ok := cfg.Archive.(interface{ Validate() error }); ok {
+		// An archive that can never answer (archiveclient.Lambda without
+		// a function, or with a negative Timeout) is refused here, not
+		// found on the first late retry.
+		if err := v.Validate(); err != nil {
+			return nil, fmt.Errorf("idempotency: archive: %w", err)
+		}
 	}
 	ca, ok := storeAs[CompletionArchiver](cfg.Store)
 	archivesAtCompletion := ok && ca.ArchivesAtCompletion()
@@ -724,18 +726,17 @@ func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []by
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeBudget)
 	defer cancel()
-	var err error
-	for attempt := 1; ; attempt++ {
-		err = m.cfg.Store.Complete(cctx, scoped, c)
+	retrying(cctx, completeAttempts, completeBackoff, func(attempt int) bool {
+		err := m.cfg.Store.Complete(cctx, scoped, c)
 		switch {
 		case err == nil:
-			return
+			return true
 		case errors.Is(err, ErrNotInFlight) && attempt > 1:
 			// An earlier attempt landed (its reply was lost, or the store
 			// recorded the outcome and then failed, as a Redis store that
 			// cannot write the archive row does): that attempt's error,
 			// already logged, is the one to act on.
-			return
+			return true
 		}
 		// Every failed attempt is logged: its error may be the only word
 		// of a failure the next attempt cannot see (the Redis store keeps
@@ -743,12 +744,17 @@ func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []by
 		// The operation happened either way: it is answered, and retries
 		// see the key in flight until it expires.
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store complete failed", "error", err, "attempt", attempt)
-		if errors.Is(err, ErrNotInFlight) || attempt == completeAttempts {
-			return
-		}
+		return errors.Is(err, ErrNotInFlight)
+	})
+}
+
+// retrying calls try (with 1, 2, ...) until it returns true, attempts
+// calls were made, or ctx ends, waiting attempt times backoff after each.
+func retrying(ctx context.Context, attempts int, backoff time.Duration, try func(attempt int) (stop bool)) {
+	for attempt := 1; !try(attempt) && attempt < attempts; attempt++ {
 		select {
-		case <-time.After(time.Duration(attempt) * completeBackoff):
-		case <-cctx.Done():
+		case <-time.After(time.Duration(attempt) * backoff):
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -791,13 +797,25 @@ func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (arch
 	// the request's time, not the archive's, and must be answered as such
 	// (never failed open). When the Reader's own StatementTimeout, or
 	// ArchiveTimeout, ended it, the archive was slow: OnArchiveError decides.
+	//
+	// Conversely, a lookup the request's deadline did not bound that ends
+	// in context.DeadlineExceeded or context.Canceled while the request is
+	// still live was ended by the archive's side: ArchiveTimeout, the
+	// Reader's backstop on a connection that stops answering or on a
+	// statement prepared before its timeout is set, an archiveclient's own
+	// Timeout. That is a slow archive, and is answered as archive.ErrTimeout
+	// no longer matching either context error, so OnArchiveError decides.
 	dl, ok := ctx.Deadline()
 	requestBound := ok && time.Until(dl) < m.cfg.ArchiveTimeout
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
+	actx, cancel := context.WithTimeout(ctx, m.cfg.ArchiveTimeout)
 	defer cancel()
-	rec, err := m.cfg.Archive.Lookup(ctx, scoped, fp)
-	if requestBound && errors.Is(err, archive.ErrDeadlineBound) && !errors.Is(err, context.DeadlineExceeded) {
+	rec, err := m.cfg.Archive.Lookup(actx, scoped, fp)
+	switch {
+	case err == nil:
+	case requestBound && errors.Is(err, archive.ErrDeadlineBound) && !errors.Is(err, context.DeadlineExceeded):
 		err = fmt.Errorf("%w (the request's deadline bounded the archive lookup): %w", context.DeadlineExceeded, err)
+	case !requestBound && ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
+		err = fmt.Errorf("%w: the archive did not answer within ArchiveTimeout (%s) or its own timeout: %v", archive.ErrTimeout, m.cfg.ArchiveTimeout, err)
 	}
 	return rec, err
 }
@@ -915,10 +933,15 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 // entry expired in flight, when the archive holds one, and an error when
 // the archive could not be read.
 func (m *Middleware) archivedOutcome(ctx context.Context, scoped string, fp []byte, e Entry) (archive.Record, bool, error) {
-	// Only a store that archives at completion can have written the
-	// outcome there while its live entry stayed in flight: a swept store's
-	// live row has no archive row yet, and the lookup would only cost time.
-	if m.cfg.Archive == nil || !(m.archivesAtCompletion || e.ArchivedAtCompletion) {
+	// Every store is looked up, a swept one too: its live row has no
+	// archive row of its own yet, but the key may have an earlier one. A
+	// late retry of an archived key registers a new live entry, finds the
+	// key archived and releases the entry; a release that failed on every
+	// attempt leaves that entry in flight, and its window's end must not
+	// hide the archived outcome behind "never completed". Only an entry
+	// whose window ended in flight comes here, which no request that
+	// completed or released normally leaves.
+	if m.cfg.Archive == nil {
 		return archive.Record{}, false, nil
 	}
 	rec, err := m.lookup(ctx, scoped, fp)
@@ -986,13 +1009,33 @@ func (m *Middleware) releaseAfterRun(ctx context.Context, key string, fp, token 
 	m.releaseBy(ctx, m.cfg.Store.Release, key, fp, token)
 }
 
+// releaseBy tries a release up to releaseAttempts times within
+// releaseBudget. A release that failed once (a connection reset, a
+// failover) leaves the key in flight for its whole window: every retry is
+// told 409 in flight, and with an archive hit behind it the key's recorded
+// outcome stays hidden until the window ends. Trying again is safe: a
+// release matches only this registration's token, and one that already
+// landed (its reply lost) matches nothing the next time.
 func (m *Middleware) releaseBy(ctx context.Context, release func(context.Context, string, []byte, []byte) error, key string, fp, token []byte) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
 	defer cancel()
-	if err := release(ctx, key, fp, token); err != nil {
-		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err)
-	}
+	retrying(rctx, releaseAttempts, releaseBackoff, func(attempt int) bool {
+		err := release(rctx, key, fp, token)
+		if err != nil {
+			m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err, "attempt", attempt)
+		}
+		return err == nil
+	})
 }
+
+// releaseBudget, releaseAttempts and releaseBackoff bound a release as
+// completeBudget and its kin bound a completion (0.1, 0.2 and 0.3 s between
+// the attempts): the answer waits for them.
+const (
+	releaseBudget   = 5 * time.Second
+	releaseAttempts = 4
+	releaseBackoff  = 100 * time.Millisecond
+)
 
 // problem writes an RFC 9457 problem with a stable code and extension members.
 func (m *Middleware) problem(w http.ResponseWriter, _ *http.Request, status int, code, detail string, ext map[string]any) {

@@ -256,7 +256,7 @@ func windowEnded(h map[string]string) *bool {
 }
 
 func entryFromHash(h map[string]string) idempotency.Entry {
-	e := idempotency.Entry{Fingerprint: []byte(h["fp"]), ContentType: h["ct"], ArchivedAtCompletion: true}
+	e := idempotency.Entry{Fingerprint: []byte(h["fp"]), ContentType: h["ct"]}
 	if h["state"] == "completed" {
 		e.State = idempotency.Completed
 		e.Status, _ = strconv.Atoi(h["status"])
