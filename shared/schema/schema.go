@@ -194,6 +194,20 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 		}
 	}
 
+	// tern holds a session-level advisory lock, one for every schema of the
+	// database, while it migrates, and releases it under ctx: a ctx that
+	// ended between two of its statements (a Lambda's deadline right after
+	// the last COMMIT) leaves the lock on a connection the caller may
+	// return to its pool, and every later migration of the database waits
+	// on it. Closing the connection ends the session and its locks; with
+	// its ctx ended, the caller has no use for it.
+	defer func() {
+		if ctx.Err() != nil && !conn.IsClosed() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = conn.Close(cctx)
+		}
+	}()
 	m, err := migrate.NewMigrator(ctx, conn, versionTable)
 	if err != nil {
 		return res, fmt.Errorf("prepare migrator: %w", err)
