@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/cfn"
 
@@ -175,5 +176,9 @@ func reason(err error) error {
 	if len(msg) <= maxReason {
 		return err
 	}
-	return errors.New(msg[:maxReason] + "... (the function's log has the rest)")
+	cut := maxReason
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut-- // between characters, or CloudFormation shows U+FFFD
+	}
+	return errors.New(msg[:cut] + "... (the function's log has the rest)")
 }

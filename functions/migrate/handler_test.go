@@ -248,6 +248,15 @@ func TestFailuresAreReportedWithTheirReason(t *testing.T) {
 	}
 	// AND nothing was migrated by the refused events
 	require.EqualValues(t, 0, count(t, b, "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"))
+
+	// A reason longer than CloudFormation shows is cut between characters
+	// (cut inside one, the stack events showed U+FFFD).
+	for _, pad := range []string{"a", "ab", "abc"} {
+		resp := b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { p[pad+strings.Repeat("é", 800)] = "x" }))
+		require.Equal(t, cfn.StatusFailed, resp.Status)
+		require.NotContains(t, resp.Reason, "\uFFFD", "a reason cut inside a character (its JSON shows U+FFFD)")
+		require.True(t, strings.HasSuffix(resp.Reason, "é... (the function's log has the rest)"), resp.Reason)
+	}
 }
 
 // CloudFormation passes the properties it reads itself on in every event:
