@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -96,6 +97,11 @@ var execModes = map[string]pgx.QueryExecMode{
 	"simple_protocol": pgx.QueryExecModeSimpleProtocol,
 }
 
+// secretID matches what may be a SecretId of GetSecretValue: an ARN or a
+// secret's name (RDS names the secrets it manages rds!db-...), never text
+// with blanks, quotes, braces or backslashes, as a secret's JSON has.
+var secretID = regexp.MustCompile(`^[^\s{}"'\\]{1,1000}$`)
+
 // ConfigError is a Config error about one field, so that a caller can name
 // the field its own way (an environment variable, a flag). Its message never
 // holds the connection string nor any part of a password.
@@ -132,6 +138,10 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 		return nil, named, configError("IAMAuth", "choose one source of database credentials: a secret or IAM authentication, not both")
 	case c.IAMAuth && c.URL == "":
 		return nil, named, configError("URL", "IAM authentication needs DATABASE_URL naming host, port, user and database")
+	case c.SecretARN != "" && !secretID.MatchString(c.SecretARN):
+		// Not echoed: the value may be the secret's JSON itself, pasted in
+		// place of its ARN.
+		return nil, named, configError("SecretARN", "must be a Secrets Manager secret's ARN or name, without blanks, quotes, braces or backslashes; the value is not shown, as it may be the secret itself")
 	case c.MaxConns < 0 || c.MaxConns > MaxMaxConns:
 		return nil, named, configError("MaxConns", "database max connections must be 1 to %d, got %d", MaxMaxConns, c.MaxConns)
 	}

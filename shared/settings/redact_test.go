@@ -37,3 +37,40 @@ func TestRedactHidesAConnectionStringPastedIntoAnotherVariable(t *testing.T) {
 	}
 	require.Equal(t, "unknown mode \"x\"", settings.Redact("unknown mode \"x\""))
 }
+
+// The RDS-generated secret (the JSON DATABASE_SECRET_ARN names) pasted into
+// a variable in place of its ARN: the init line does not carry its
+// password, and DATABASE_SECRET_ARN itself refuses it without echoing it.
+func TestRedactHidesASecretsJSONPastedIntoAVariable(t *testing.T) {
+	t.Parallel()
+	secret := `{"username":"admin","password":"S3cretPw42","engine":"postgres","host":"db.example.com","port":5432,"dbname":"app"}`
+	for _, name := range []string{"DATABASE_SECRET_ARN", "DATABASE_URL", "DATABASE_EXEC_MODE", "METRICS_NAMESPACE", "SWEEP_MISSING_PARTITION"} {
+		_, err := settings.FromEnv(func(k string) string {
+			switch k {
+			case name:
+				return secret
+			case "DATABASE_URL":
+				return "postgres://127.0.0.1:1/db"
+			}
+			return ""
+		})
+		require.Error(t, err, name)
+		require.Contains(t, err.Error(), name)
+		line := settings.Redact(err.Error())
+		require.NotContains(t, line, "S3cretPw42", name)
+		require.Contains(t, line, name, "the line still names the variable")
+	}
+	_, err := settings.FromEnv(func(k string) string {
+		return map[string]string{"DATABASE_SECRET_ARN": secret, "DATABASE_URL": "postgres://127.0.0.1:1/db"}[k]
+	})
+	require.NotContains(t, err.Error(), "S3cretPw42", "refused without being echoed, before any redaction")
+	for _, id := range []string{"arn:aws:secretsmanager:eu-west-1:123456789012:secret:rds!db-1a2b-AbCdEf", "prod/idemarchive/db"} {
+		_, err := settings.FromEnv(func(k string) string {
+			return map[string]string{"DATABASE_SECRET_ARN": id, "DATABASE_URL": "postgres://127.0.0.1/app"}[k]
+		})
+		require.NoError(t, err, "%s: %v", id, err)
+	}
+	for _, line := range []string{`x: "password": "S3cretPw42"}`, `x: {\"Password\":\"S3cretPw42\"}`, `"masterPassword" :"S3cretPw42"`} {
+		require.NotContains(t, settings.Redact(line), "S3cretPw42", line)
+	}
+}

@@ -510,15 +510,23 @@ func (r *reader) pause(name string, def time.Duration) time.Duration {
 // spaces around '=', quoted values with spaces and backslash escapes,
 // quoted or not, and an echoed value is escaped once more (%q), so no
 // shorter match is sure to end after the password.
+//
+// jsonPassword matches a JSON member whose name ends in "password" (the
+// RDS-generated secret DATABASE_SECRET_ARN names, pasted in its place),
+// up to the end of the line for the same reasons, its quotes escaped or
+// not.
 var (
-	userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
-	password = regexp.MustCompile(`(?i)(password\s*=).*`)
+	userInfo     = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
+	password     = regexp.MustCompile(`(?i)(password\s*=).*`)
+	jsonPassword = regexp.MustCompile(`(?i)(password\\*"\s*:).*`)
 )
 
-// Redact hides the user and password of any connection string in an error
-// line: a value echoed back may be one, pasted into the wrong variable
-// (DATABASE_EXEC_MODE=postgres://u:pw@h/db). It may hide more than that (an
+// Redact hides the user and password of any connection string, and the
+// password of a secret's JSON, in an error line: a value echoed back may be
+// one, pasted into the wrong variable (DATABASE_EXEC_MODE=postgres://u:pw@h/db). It may hide more than that (an
 // ordinary value holding "://" and "@"), never less.
 func Redact(line string) string {
-	return password.ReplaceAllString(userInfo.ReplaceAllString(line, "${1}REDACTED@"), "${1}REDACTED")
+	line = userInfo.ReplaceAllString(line, "${1}REDACTED@")
+	line = password.ReplaceAllString(line, "${1}REDACTED")
+	return jsonPassword.ReplaceAllString(line, "${1}REDACTED")
 }
