@@ -44,9 +44,12 @@ func configure() {
 	})
 }
 
-// active reports whether ctx belongs to a traced Lambda invocation.
+// active reports whether ctx belongs to a traced Lambda invocation. With
+// AWS_XRAY_SDK_DISABLED=true nothing is: the SDK then hands out empty
+// segments, and a panic inside xray.Capture became a nil dereference in
+// its own recovery, losing the panic's value.
 func active(ctx context.Context) bool {
-	if !inLambda() {
+	if !inLambda() || xray.SdkDisabled() {
 		return false
 	}
 	h, _ := ctx.Value(xray.LambdaTraceHeaderKey).(string)

@@ -133,6 +133,19 @@ func TestInsideLambda(t *testing.T) {
 		require.Equal(t, true, doc["fault"], "the error was not recorded")
 	})
 
+	t.Run("SDKDisabledAPanicKeepsItsValue", func(t *testing.T) {
+		t.Setenv("AWS_XRAY_SDK_DISABLED", "TRUE")
+		var p any
+		func() {
+			defer func() { p = recover() }()
+			_ = Span(ctx, "sweep.batch", func(ctx context.Context) error {
+				require.Nil(t, xray.GetSegment(ctx), "a segment while the SDK is disabled")
+				panic("the handler's own panic")
+			})
+		}()
+		require.Equal(t, "the handler's own panic", p)
+	})
+
 	t.Run("NoTraceHeaderNoSegment", func(t *testing.T) {
 		err := Span(context.Background(), "x", func(ctx context.Context) error {
 			require.Nil(t, xray.GetSegment(ctx), "segment without a trace header")
