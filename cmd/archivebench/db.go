@@ -4,17 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
 )
@@ -42,9 +40,9 @@ func newBenchDB(ctx context.Context, base, purpose string) (*benchDB, error) {
 		return nil, fmt.Errorf("create schema %s: %w", name, err)
 	}
 	db := &benchDB{Schema: name, base: base}
-	if db.URL, err = withSearchPath(base, name); err != nil {
+	if db.URL, err = database.WithSearchPath(base, name); err != nil {
 		_ = db.Drop()
-		return nil, err
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	cfg, err := pgx.ParseConfig(db.URL)
 	if err != nil {
@@ -178,25 +176,6 @@ func (db *benchDB) withoutAutovacuum(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// withSearchPath returns the connection string u (URL or key=value form)
-// with its search_path set.
-func withSearchPath(u, searchPath string) (string, error) {
-	if strings.HasPrefix(u, "postgres://") || strings.HasPrefix(u, "postgresql://") {
-		parsed, err := url.Parse(u)
-		if err != nil {
-			return "", fmt.Errorf("parse DATABASE_URL: %w", err)
-		}
-		q := parsed.Query()
-		q.Set("search_path", searchPath)
-		parsed.RawQuery = q.Encode()
-		return parsed.String(), nil
-	}
-	if strings.TrimSpace(u) == "" {
-		return "", errors.New("DATABASE_URL is empty")
-	}
-	return u + " search_path=" + searchPath, nil
 }
 
 // walLSN reads the current WAL insert position.

@@ -71,6 +71,10 @@ type sizes struct {
 	CompactRows    int   `json:"compact_rows"`
 }
 
+// maxSize bounds every BENCH_* size: far beyond what a run can finish, and
+// far below where an allocation for it, or a sum of two, could fail.
+const maxSize = 100_000_000
+
 func sizesFromEnv(getenv func(string) string) (sizes, error) {
 	s := sizes{SweepBatchSize: sweepBatch}
 	for _, v := range []struct {
@@ -91,8 +95,8 @@ func sizesFromEnv(getenv func(string) string) (sizes, error) {
 		*v.dst = v.def
 		if raw := getenv(v.name); raw != "" {
 			n, err := strconv.Atoi(strings.ReplaceAll(raw, "_", ""))
-			if err != nil || n < 1 {
-				return s, fmt.Errorf("%s=%q: want a positive whole number", v.name, raw)
+			if err != nil || n < 1 || n > maxSize {
+				return s, fmt.Errorf("%s=%q: want a whole number from 1 to %d", v.name, raw, maxSize)
 			}
 			*v.dst = n
 		}

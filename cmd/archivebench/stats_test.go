@@ -95,7 +95,13 @@ func TestSizesFromEnv(t *testing.T) {
 	require.Equal(t, 5_000_000, s.LiveRows)
 	require.Equal(t, []int{12, 36}, s.Months)
 
-	for k, v := range map[string]string{"BENCH_LIVE_ROWS": "0", "BENCH_LOOKUPS": "many", "BENCH_MONTHS": "120,24", "BENCH_COLD_STARTS": "-1", "BENCH_COMPACT_ROWS": "0"} {
+	// A size past what a run can hold is refused by name, not a panic
+	// (makeslice) or a count that overflowed ("copied 0 of -2").
+	s, err = sizesFromEnv(env(map[string]string{"BENCH_LIVE_ROWS": "100_000_000", "BENCH_UNEXPIRED_ROWS": "100000000"}))
+	require.NoError(t, err)
+	require.Equal(t, 200_000_000, s.LiveRows+s.UnexpiredRows)
+	for k, v := range map[string]string{"BENCH_LIVE_ROWS": "0", "BENCH_LOOKUPS": "many", "BENCH_MONTHS": "120,24", "BENCH_COLD_STARTS": "-1", "BENCH_COMPACT_ROWS": "0",
+		"BENCH_TRAFFIC_OPS": "9223372036854775807", "BENCH_UNEXPIRED_ROWS": "100_000_001", "BENCH_ROWS_PER_MONTH": "1e9"} {
 		_, err := sizesFromEnv(env(map[string]string{k: v}))
 		require.ErrorContains(t, err, k)
 	}

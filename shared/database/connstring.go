@@ -4,7 +4,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/netip"
+	"net/url"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // errAmbiguousURL is the one message for a connection string whose parts
@@ -221,4 +224,37 @@ func plausibleHost(host string) bool {
 		}
 	}
 	return true
+}
+
+// WithSearchPath returns connString (a URL or keyword/value string) with
+// its search_path set to searchPath (the setting's value, as SET would take
+// it), for tools and tests that work in a schema of their own. The setting
+// is appended, where pgx reads it last, so nothing else in connString is
+// re-encoded (a password Go's net/url cannot read stays as pgx reads it),
+// and pgx's reading of the result is checked. Its errors never hold the
+// connection string.
+func WithSearchPath(connString, searchPath string) (string, error) {
+	n, err := namedSettings(connString)
+	if err != nil {
+		return "", err
+	}
+	out := connString + " search_path='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(searchPath) + "'"
+	if n.isURL {
+		sep := "&"
+		switch {
+		case !n.hasQuery:
+			sep = "?"
+		case strings.HasSuffix(connString, "?"), strings.HasSuffix(connString, "&"):
+			sep = ""
+		}
+		out = connString + sep + "search_path=" + strings.ReplaceAll(url.QueryEscape(searchPath), "+", "%20")
+	}
+	cfg, err := pgconn.ParseConfig(out)
+	if err != nil {
+		return "", errors.New("the database connection string cannot be read (not shown: it may hold a password)")
+	}
+	if got := cfg.RuntimeParams["search_path"]; got != searchPath {
+		return "", errors.New("could not set search_path on the database connection string (not shown: it may hold a password)")
+	}
+	return out, nil
 }

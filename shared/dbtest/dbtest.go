@@ -17,15 +17,14 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/partition"
 	"github.com/idemarchive/idemarchive/shared/schema"
 )
@@ -140,20 +139,14 @@ func (db *DB) NewPool(t testing.TB, opts ...PoolOption) *pgxpool.Pool {
 }
 
 // WithSearchPath returns the connection string u (URL or key=value form) with
-// its search_path set.
+// its search_path set (database.WithSearchPath).
 func WithSearchPath(t testing.TB, u, searchPath string) string {
 	t.Helper()
-	if strings.HasPrefix(u, "postgres://") || strings.HasPrefix(u, "postgresql://") {
-		parsed, err := url.Parse(u)
-		if err != nil {
-			t.Fatalf("parse DATABASE_URL: %v", err)
-		}
-		q := parsed.Query()
-		q.Set("search_path", searchPath)
-		parsed.RawQuery = q.Encode()
-		return parsed.String()
+	out, err := database.WithSearchPath(u, searchPath)
+	if err != nil {
+		t.Fatalf("DATABASE_URL: %v", err)
 	}
-	return u + " search_path=" + searchPath
+	return out
 }
 
 // Partition creates the archive partitions a run of the partition manager
