@@ -600,6 +600,75 @@ SELECT EXISTS (SELECT 1 FROM pg_auth_members m
                  JOIN pg_roles u ON u.oid = m.member
                 WHERE r.rolname = $1 AND u.rolname = $2)`
 
+// foreignSQL says whether user $1 holds rds_iam, and whether it holds any
+// of the project's roles $2, directly.
+const foreignSQL = `
+SELECT pg_has_role($1, '` + IAMRole + `', 'MEMBER'),
+       EXISTS (SELECT 1 FROM pg_auth_members m
+                 JOIN pg_roles r ON r.oid = m.roleid
+                 JOIN pg_roles u ON u.oid = m.member
+                WHERE r.rolname = ANY($2) AND u.rolname = $1)`
+
+// refuseForeign refuses an existing user that holds neither rds_iam nor
+// any of the project's roles: no deploy made it (every deploy on a server
+// with rds_iam grants it to the users it makes, and users it made before
+// rds_iam existed hold their role). It belongs to someone else, maybe an
+// application that signs in with a password, which rds_iam would turn off
+// on RDS. An operator who means it for this function grants it rds_iam.
+func refuseForeign(ctx context.Context, tx pgx.Tx, u User) error {
+	var hasIAM, ours bool
+	if err := tx.QueryRow(ctx, foreignSQL, u.Name, []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole}).Scan(&hasIAM, &ours); err != nil {
+		return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+	}
+	if hasIAM || ours {
+		return nil
+	}
+	return fmt.Errorf("user %s exists and no deploy made it (it holds neither %s nor a role of this project): granting it %s would turn off its password sign-in; choose another name, or, if it is meant for this function and signs in with IAM, run GRANT %s TO %s first",
+		u.Name, IAMRole, IAMRole, IAMRole, pgx.Identifier{u.Name}.Sanitize())
+}
+
+// usableSQL reads what of user $1 can keep it from doing its function's
+// work once it holds role $2: a connection limit of 0, not inheriting the
+// role's privileges (NOINHERIT, on PostgreSQL 15 and earlier, where a
+// grant has no INHERIT option), and default_transaction_read_only set on
+// it (for all databases or this one).
+const usableSQL = `
+SELECT r.rolconnlimit = 0,
+       pg_has_role(r.oid, $2, 'USAGE'),
+       coalesce((SELECT array_agg(CASE s.setdatabase WHEN 0 THEN '' ELSE ' IN DATABASE ' || quote_ident(current_database()) END ORDER BY s.setdatabase)
+                   FROM pg_db_role_setting s, unnest(s.setconfig) c
+                  WHERE s.setrole = r.oid
+                    AND s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
+                    AND lower(split_part(c, '=', 1)) = 'default_transaction_read_only'
+                    AND lower(trim(split_part(c, '=', 2))) IN ('t', 'tr', 'tru', 'true', 'y', 'ye', 'yes', 'on', '1')), '{}')
+  FROM pg_roles r WHERE r.rolname = $1`
+
+// usable fails, saying what to run, for an existing user that holds its
+// role but could not do its function's work: a deploy that answered
+// SUCCESS would leave every invocation failing. The owner user acts
+// through SET ROLE, so it need not inherit; the reader only reads.
+func usable(ctx context.Context, tx pgx.Tx, u User) error {
+	var noConnections, inherits bool
+	var readOnlyIn []string // "" for every database, " IN DATABASE d" for this one
+	if err := tx.QueryRow(ctx, usableSQL, u.Name, u.Role).Scan(&noConnections, &inherits, &readOnlyIn); err != nil {
+		return fmt.Errorf("look up user %s: %w", u.Name, err)
+	}
+	ident := pgx.Identifier{u.Name}.Sanitize()
+	switch {
+	case noConnections:
+		return fmt.Errorf("user %s exists with CONNECTION LIMIT 0 and could never sign in: run ALTER ROLE %s CONNECTION LIMIT -1, or choose another name", u.Name, ident)
+	case !inherits && u.Role != schema.OwnerRole:
+		return fmt.Errorf("user %s exists with NOINHERIT and would not use %s's privileges: run ALTER ROLE %s INHERIT, or choose another name", u.Name, u.Role, ident)
+	case len(readOnlyIn) > 0 && u.Role != schema.ReaderRole:
+		var run []string
+		for _, in := range readOnlyIn {
+			run = append(run, "ALTER ROLE "+ident+in+" RESET default_transaction_read_only")
+		}
+		return fmt.Errorf("user %s has default_transaction_read_only set and could not write: run %s, or choose another name", u.Name, strings.Join(run, " and "))
+	}
+	return nil
+}
+
 // roles lists users' names with the role each is given.
 func (u Users) roles() []User {
 	return []User{{Name: u.Sweeper, Role: schema.SweeperRole}, {Name: u.Reader, Role: schema.ReaderRole}, {Name: u.Owner, Role: schema.OwnerRole},
@@ -665,8 +734,18 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 			} else if !canLogin {
 				return fmt.Errorf("user %s exists but may not log in: it is not a user this deploy made; choose another name", u.Name)
 			}
+			if exists && iam {
+				if err := refuseForeign(ctx, tx, u); err != nil {
+					return err
+				}
+			}
 			if err := grantRole(ctx, tx, u); err != nil {
 				return err
+			}
+			if exists {
+				if err := usable(ctx, tx, u); err != nil {
+					return err
+				}
 			}
 			strip := revokeOthers
 			if u.Role == schema.WriterRole {
