@@ -14,6 +14,15 @@ type handler struct {
 	env *fnenv.Env
 }
 
+// newHandler is the function's handler as Lambda calls it: given the
+// payload whole (fnenv.Raw), so that a payload holding more than one JSON
+// value is refused, never read as its first.
+func newHandler(env *fnenv.Env) interface {
+	Invoke(context.Context, []byte) ([]byte, error)
+} {
+	return fnenv.Raw((&handler{env: env}).Handle)
+}
+
 // options may override the configured manager for one invocation.
 type options struct {
 	DryRun          bool `json:"dry_run,omitempty"`

@@ -23,7 +23,7 @@ func setup(t *testing.T) (*dbtest.DB, lambda.Handler, *testenv.SyncBuffer) {
 	t.Helper()
 	db := dbtest.New(t)
 	env, stdout, _ := testenv.FunctionEnv(t, db, nil)
-	return db, lambda.NewHandler((&handler{env: env}).Handle), stdout
+	return db, lambda.NewHandler(newHandler(env)), stdout
 }
 
 func TestScheduledRunCreatesPartitions(t *testing.T) {
@@ -109,6 +109,10 @@ func TestHostileRetentionPayloadsLoseNoRow(t *testing.T) {
 		`{"retention_months": 99999999999999999999}`:              "retention_months",
 		`{"retention_months": 1e15}`:                              "retention_months",
 		`{"dry_run": true, "retention_months": 1000000000000000}`: "set 0",
+		// Two values: aws-lambda-go's typed handler read the first alone,
+		// a run that retired five months.
+		`{"retention_months": 1} {"dry_run": true}`:    "payload is not JSON",
+		`{"retention_months": 1}` + "\n" + `"dry_run"`: "payload is not JSON",
 	} {
 		_, err := h.Invoke(testenv.Invocation("req-hostile"), []byte(payload))
 		require.ErrorContains(t, err, want, payload)
@@ -192,7 +196,7 @@ func TestTheScheduledRunCompactsAClosedMonthAndZeroTurnsItOff(t *testing.T) {
 		t.Parallel()
 		db := dbtest.New(t)
 		env, _, _ := testenv.FunctionEnv(t, db, map[string]string{"PARTITION_COMPACT_PER_RUN": "0"})
-		h := lambda.NewHandler((&handler{env: env}).Handle)
+		h := lambda.NewHandler(newHandler(env))
 		archived(t, db)
 		out, err := h.Invoke(testenv.Invocation("req-off"), testenv.Event(t, "partitions-schedule.json"))
 		require.NoError(t, err)

@@ -25,6 +25,15 @@ type handler struct {
 	batches sweep.BatchMemory
 }
 
+// newHandler is the function's handler as Lambda calls it: given the
+// payload whole (fnenv.Raw), so that a payload holding more than one JSON
+// value is refused, never read as its first.
+func newHandler(env *fnenv.Env) interface {
+	Invoke(context.Context, []byte) ([]byte, error)
+} {
+	return fnenv.Raw((&handler{env: env}).Handle)
+}
+
 // options may override the configured sweep for one invocation.
 type options struct {
 	BatchSize   *int            `json:"batch_size,omitempty"`

@@ -23,7 +23,7 @@ func setup(t *testing.T, rows int) (*dbtest.DB, lambda.Handler, *testenv.SyncBuf
 			Response: map[string]any{"id": fmt.Sprintf("ch_%d", i)}, ExpiresAt: time.Now().Add(-time.Hour)})
 	}
 	env, stdout, _ := testenv.FunctionEnv(t, db, map[string]string{"SWEEP_PAUSE": "1ms"})
-	return db, lambda.NewHandler((&handler{env: env}).Handle), stdout
+	return db, lambda.NewHandler(newHandler(env)), stdout
 }
 
 type summary struct {
@@ -112,10 +112,19 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		`{"batch_size": null}`: `invalid options: "batch_size" is null`,
 		`{"batchsize": 10}`:    `unknown field "batchsize"`,
 		`{"detail-type": "Scheduled Event", "detail": {"max_duration": 5}}`: "invalid options",
-		`[1, 2]`:                  "payload is not a JSON object",
-		`{"pause": "-1s"}`:        "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",
-		`{"pause": "2562047h"}`:   "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",
-		`{"max_duration": "-5s"}`: "invalid options: max_duration: sweep max duration must not be negative",
+		`[1, 2]`:  "payload must be a JSON object of options, or an EventBridge event, got an array",
+		`"sweep"`: "payload must be a JSON object of options, or an EventBridge event, got a string",
+		// A second value is refused, never dropped (aws-lambda-go's typed
+		// handlers read the first alone).
+		`{"batch_size": 1} {"batch_size": 5}`:                        "payload is not JSON: invalid character '{' after top-level value",
+		`{"batch_size": 1.5}`:                                        "invalid options: batch_size must be a whole number, got number 1.5",
+		`{"detail-type": "Scheduled Event", "detail": "x"}`:          "invalid EventBridge event: detail must be a JSON object of options, got a string",
+		`{"detail-type": "Scheduled Event", "detail": [1]}`:          "detail must be a JSON object of options, got an array",
+		`{"detail-type": 5, "detail": {}}`:                           "invalid EventBridge event: detail-type must be a string, got a number",
+		`{"detail-type": "Scheduled Event", "detail": {"pause": 5}}`: "invalid options: pause must be a string, got number",
+		`{"pause": "-1s"}`:                                           "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",
+		`{"pause": "2562047h"}`:                                      "invalid options: pause: sweep pause must be 0 (no fixed pause) or between 1ms",
+		`{"max_duration": "-5s"}`:                                    "invalid options: max_duration: sweep max duration must not be negative",
 		// Set, never silently zero: 0.5ns would read as 0, no limit.
 		`{"max_duration": "0.5ns"}`:    "invalid options: max_duration: is not 0 but shorter than a nanosecond",
 		`{"pause": "0.9ns"}`:           "invalid options: pause: is not 0 but shorter than a nanosecond",
@@ -130,6 +139,9 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 	} {
 		_, err := h.Invoke(testenv.Invocation("req-bad"), []byte(payload))
 		require.ErrorContains(t, err, want, payload)
+		for _, internal := range []string{"Go ", "struct", "main.", "options."} {
+			require.NotContains(t, err.Error(), internal, "the error names Go's types: %s", payload)
+		}
 	}
 }
 
@@ -142,7 +154,7 @@ func TestAWarmFunctionRemembersAConflict(t *testing.T) {
 	db := dbtest.New(t)
 	db.Partition(t, 0)
 	env, _, logs := testenv.FunctionEnv(t, db, map[string]string{"SWEEP_PAUSE": "1ms"})
-	h := lambda.NewHandler((&handler{env: env}).Handle)
+	h := lambda.NewHandler(newHandler(env))
 	past := time.Now().UTC().Add(-time.Hour).Truncate(time.Microsecond)
 	for invocation := range 3 {
 		key := fmt.Sprintf("idem:v1:restored-%d", invocation)
@@ -169,7 +181,7 @@ func TestAWarmFunctionRemembersASmallerBatch(t *testing.T) {
 		CREATE TRIGGER slow_delete BEFORE DELETE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION slow_delete()`)
 	require.NoError(t, err)
 	env, _, logs := testenv.FunctionEnv(t, db, map[string]string{"SWEEP_PAUSE": "1ms", "SWEEP_BATCH_SIZE": "64", "SWEEP_STATEMENT_TIMEOUT": "300ms"})
-	h := lambda.NewHandler((&handler{env: env}).Handle)
+	h := lambda.NewHandler(newHandler(env))
 	for invocation, want := range []int{2, 0} {
 		for i := range 20 {
 			dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: fmt.Sprintf("idem:v1:slow-%d-%02d", invocation, i), Status: 201,

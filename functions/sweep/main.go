@@ -10,5 +10,5 @@ import (
 
 func main() {
 	env := fnenv.MustLoad()
-	lambda.StartWithOptions((&handler{env: env}).Handle, lambda.WithEnableSIGTERM(env.Close))
+	lambda.StartWithOptions(newHandler(env), lambda.WithEnableSIGTERM(env.Close))
 }

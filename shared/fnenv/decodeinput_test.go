@@ -1,6 +1,8 @@
 package fnenv_test
 
 import (
+	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,4 +52,28 @@ func TestAmbiguousOptionsAreRefused(t *testing.T) {
 		var o options
 		require.NoError(t, fnenv.DecodeInput([]byte(payload), &o), payload)
 	}
+}
+
+// Raw hands a handler the payload whole: of two JSON values, aws-lambda-go's
+// typed handlers read the first ({"retention_months": 1}) and drop the
+// rest ({"dry_run": true}), and a partitions run acted on it, dropping
+// months. Through Raw, DecodeInput refuses such a payload.
+func TestRawRefusesAPayloadOfTwoValues(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	h := fnenv.Raw(func(_ context.Context, payload json.RawMessage) (map[string]any, error) {
+		var o options
+		if err := fnenv.DecodeInput(payload, &o); err != nil {
+			return nil, err
+		}
+		calls++
+		return map[string]any{"dry_run": o.DryRun != nil && *o.DryRun, "note": "<&>"}, nil
+	})
+	_, err := h.Invoke(context.Background(), []byte(`{"retention_months": 1} {"dry_run": true}`))
+	require.ErrorContains(t, err, "payload is not JSON")
+	require.Zero(t, calls)
+	out, err := h.Invoke(context.Background(), []byte(`{"dry_run": true}`))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"dry_run": true, "note": "<&>"}`, string(out))
+	require.Contains(t, string(out), "<&>", "answered as aws-lambda-go answers, without HTML escapes")
 }

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -162,13 +163,24 @@ func (e *Env) RequestLogger(ctx context.Context) *slog.Logger {
 // an option beside an EventBridge event's detail instead of in it (it
 // would be ignored: {"detail-type": ..., "detail": {"retention_months": 1},
 // "dry_run": true} is not a dry run).
+//
+// Its errors speak of the payload's JSON, never of Go's types. The payload
+// must be one JSON value: a second one after it ({"retention_months": 1}
+// {"dry_run": true}) is refused, never read as the first alone (Raw hands
+// the payload over whole).
 func DecodeInput(payload []byte, v any) error {
 	payload = bytes.TrimSpace(payload)
 	if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
 		return nil
 	}
+	if err := json.Unmarshal(payload, new(json.RawMessage)); err != nil {
+		return fmt.Errorf("payload is not JSON: %w", err)
+	}
+	if payload[0] != '{' {
+		return fmt.Errorf("payload must be a JSON object of options, or an EventBridge event, got %s", jsonKind(payload))
+	}
 	var probe struct {
-		DetailType *string         `json:"detail-type"`
+		DetailType json.RawMessage `json:"detail-type"`
 		Detail     json.RawMessage `json:"detail"`
 	}
 	if err := json.Unmarshal(payload, &probe); err != nil {
@@ -179,6 +191,12 @@ func DecodeInput(payload []byte, v any) error {
 		return err
 	}
 	if probe.DetailType != nil {
+		if probe.DetailType[0] != '"' {
+			return fmt.Errorf("invalid EventBridge event: detail-type must be a string, got %s", jsonKind(probe.DetailType))
+		}
+		if d := bytes.TrimSpace(probe.Detail); len(d) > 0 && d[0] != '{' && !bytes.Equal(d, []byte("null")) {
+			return fmt.Errorf("invalid EventBridge event: detail must be a JSON object of options, got %s", jsonKind(d))
+		}
 		for _, n := range names {
 			if slices.ContainsFunc(strictjson.FieldNames(v), func(o string) bool { return strings.EqualFold(n, o) }) {
 				return fmt.Errorf("invalid options: %q is beside the EventBridge event's detail, where it would be ignored: put the options in detail", n)
@@ -206,9 +224,75 @@ func DecodeInput(payload []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) && te.Field != "" {
+			return fmt.Errorf("invalid options: %s must be %s, got %s", te.Field, wantKind(te.Type), te.Value)
+		}
 		return fmt.Errorf("invalid options: %w", err)
 	}
 	return nil
+}
+
+// jsonKind names the kind of a JSON value by its first byte.
+func jsonKind(value []byte) string {
+	switch value[0] {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "true or false"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// wantKind names in JSON's terms what an option of type t takes.
+func wantKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	}
+	return "another JSON kind"
+}
+
+// Raw adapts a scheduled function's handler to aws-lambda-go's Handler, so
+// that it is given the invocation's payload whole. aws-lambda-go's typed
+// handlers decode the first JSON value of a payload and drop the rest: of
+// {"retention_months": 1} {"dry_run": true} a partitions run would act on
+// the first, dropping months. DecodeInput refuses such a payload.
+func Raw[T any](fn func(context.Context, json.RawMessage) (T, error)) interface {
+	Invoke(context.Context, []byte) ([]byte, error)
+} {
+	return rawHandler[T](fn)
+}
+
+type rawHandler[T any] func(context.Context, json.RawMessage) (T, error)
+
+func (h rawHandler[T]) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	out, err := h(ctx, payload)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(out); err != nil {
+		return nil, fmt.Errorf("encode the answer: %w", err)
+	}
+	return b.Bytes(), nil
 }
 
 // objectNames returns the names of a JSON object's members, refusing a name
