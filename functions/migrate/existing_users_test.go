@@ -120,6 +120,17 @@ func TestAnotherApplicationsUserIsNotTakenOver(t *testing.T) {
 	require.False(t, memberOf(t, b, b.users.Owner, provision.IAMRole))
 	require.False(t, memberOf(t, b, b.users.Owner, "idempotency_owner"))
 
+	// An operator's grant of one of the project's roles (an API's user
+	// reading the archive) does not make the user the deploy's.
+	_, err = admin.Exec(ctx, "GRANT idempotency_reader TO "+id)
+	require.NoError(t, err)
+	owner2 := "owner2_" + randomSuffix()
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+owner2) })
+	resp = b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { p["WriterUser"] = b.users.Owner; p["OwnerUser"] = owner2 }))
+	require.Equal(t, cfn.StatusFailed, resp.Status)
+	require.Contains(t, resp.Reason, "no deploy made it")
+	require.False(t, memberOf(t, b, b.users.Owner, provision.IAMRole))
+
 	_, err = admin.Exec(ctx, "GRANT rds_iam TO "+id)
 	require.NoError(t, err)
 	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))

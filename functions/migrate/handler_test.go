@@ -395,12 +395,18 @@ func TestRDSIAMIsGrantedWhereItExists(t *testing.T) {
 	_, err = admin.Exec(ctx, "CREATE ROLE rds_iam NOLOGIN")
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS rds_iam") })
-	// WHEN the next deploy runs
-	b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	// WHEN the next deploy (an Update, whose previous properties name the
+	// users) runs
+	resp = b.invoke(b.update(t, nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 	// THEN every function's user may sign in with IAM
 	for _, u := range []string{b.users.Sweeper, b.users.Reader, b.users.Owner} {
 		require.True(t, memberOf(t, b, u, provision.IAMRole), u)
 	}
+	// AND a Create naming them (no previous properties) finds them holding
+	// rds_iam, made by a deploy
+	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 }
 
 // A rollback runs the older package against the schema the failed deploy

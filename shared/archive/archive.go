@@ -73,6 +73,10 @@ var (
 	// ErrUnavailable means the database could not be reached or was not
 	// taking connections (database.Unavailable): a later try may succeed.
 	ErrUnavailable = errors.New("archive: the database is unavailable")
+	// ErrMisconfigured means a lookup can never succeed as configured (an
+	// archiveclient.Lambda with a negative Timeout): the middleware never
+	// fails open on it, whatever its OnArchiveError.
+	ErrMisconfigured = errors.New("archive: misconfigured")
 )
 
 // DefaultStatementTimeout bounds each lookup and investigation query.

@@ -83,12 +83,14 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 		return archive.Record{ScopedKey: scopedKey}, err
 	}
 	if l.Timeout < 0 {
-		// A configuration error, said as one, and not an archive that
-		// never answers. It still matches context.DeadlineExceeded, as
-		// the deadline already passed it once was: the middleware never
-		// fails open on that, and an error of its own would let FailOpen
-		// run every key, those the archive holds included.
-		return archive.Record{}, fmt.Errorf("archiveclient: Timeout must not be negative, got %s (no lookup fits in it: %w)", l.Timeout, context.DeadlineExceeded)
+		// A configuration error, said as one (archive.ErrMisconfigured),
+		// and not an archive that never answers: the middleware never
+		// fails open on it (a wrapper of this client can hide Validate
+		// from idempotency.New), and an archive error would let FailOpen
+		// run every key, those the archive holds included. It still
+		// matches context.DeadlineExceeded, as the deadline already
+		// passed it once was.
+		return archive.Record{}, fmt.Errorf("%w: archiveclient: Timeout must not be negative, got %s (no lookup fits in it: %w)", archive.ErrMisconfigured, l.Timeout, context.DeadlineExceeded)
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(l.Timeout, 2*time.Second))
 	defer cancel()

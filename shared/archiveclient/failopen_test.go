@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/archiveclient"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 )
@@ -101,18 +102,56 @@ func TestASlowFunctionIsAnArchiveErrorTheSettingDecides(t *testing.T) {
 			mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true,
 				OnArchiveError: tc.policy, ArchiveTimeout: tc.archiveTimeout})
 			require.NoError(t, err)
-			srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				ran.Add(1)
-				w.WriteHeader(http.StatusCreated)
-			}))
-			r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
-			r.Header.Set(idempotency.HeaderKey, "fresh-key")
-			w := httptest.NewRecorder()
-			srv.ServeHTTP(w, r)
+			w := charge(mw, "fresh-key", &ran)
 			require.Equal(t, tc.ran, ran.Load(), "answered %d %s", w.Code, w.Body)
 			if tc.ran == 0 {
 				require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
 			}
 		})
 	}
+}
+
+// tracedArchive is an ordinary decorator (metrics, tracing) of an Archive:
+// it hides the wrapped client's Validate from idempotency.New.
+type tracedArchive struct{ inner idempotency.Archive }
+
+func (a tracedArchive) Lookup(ctx context.Context, k string, fp []byte) (archive.Record, error) {
+	return a.inner.Lookup(ctx, k, fp)
+}
+
+// Behind a decorator, a negative Timeout reaches the first lookup. Its
+// error is archive.ErrMisconfigured, which the middleware never fails open
+// on: a key the archive holds never runs, whatever OnArchiveError says. A
+// nil *Lambda is refused by New, not a panic.
+func TestAMisconfiguredClientBehindADecoratorNeverFailsOpen(t *testing.T) {
+	t.Parallel()
+	f := &ctxFunction{function{out: archived}}
+	c := archiveclient.Lambda{Client: f, FunctionName: "lookup", Timeout: -time.Second}
+	mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: tracedArchive{c}, SingleTenant: true,
+		OnArchiveError: idempotency.FailOpen})
+	require.NoError(t, err)
+	var ran atomic.Int32
+	w := charge(mw, "archived-key", &ran)
+	require.EqualValues(t, 0, ran.Load(), "a key the archive holds ran under FailOpen: %d %s", w.Code, w.Body)
+	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	require.Empty(t, f.asked, "nothing is invoked")
+
+	var nilClient *archiveclient.Lambda
+	require.NotPanics(t, func() {
+		_, err = idempotency.New(idempotency.Config{Store: freshStore{}, Archive: nilClient, SingleTenant: true})
+	})
+	require.ErrorContains(t, err, "idempotency: Archive is a nil *archiveclient.Lambda")
+}
+
+// charge sends a charge with key through mw, counting the handler's runs.
+func charge(mw *idempotency.Middleware, key string, ran *atomic.Int32) *httptest.ResponseRecorder {
+	srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		ran.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+	r.Header.Set(idempotency.HeaderKey, key)
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, r)
+	return w
 }

@@ -71,6 +71,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -258,6 +259,9 @@ type CompletionArchiver interface {
 	ArchivesAtCompletion() bool
 }
 
+// MinArchiveTimeout is the shortest ArchiveTimeout New accepts.
+const MinArchiveTimeout = 10 * time.Millisecond
+
 // OnArchiveError says what to do when the archive cannot be reached.
 type OnArchiveError int
 
@@ -266,10 +270,12 @@ const (
 	// a second charge is worse than a delayed one.
 	FailClosed OnArchiveError = iota
 	// FailOpen runs the handler as if the archive did not hold the key,
-	// when the archive answers an error: never when the request ended or
-	// ran out of time during the lookup (an error matching
-	// context.DeadlineExceeded or context.Canceled, the Reader's backstop
-	// for a connection that stops answering included), which is a 503.
+	// when the archive answers an error or is slow (ArchiveTimeout, the
+	// Reader's own timeouts, a client's Timeout ended the lookup while the
+	// request had time left): never when the request ended or ran out of
+	// time during the lookup (its context ended, or its deadline, nearer
+	// than ArchiveTimeout, bounded the lookup), nor on
+	// archive.ErrMisconfigured, which are a 503.
 	FailOpen
 )
 
@@ -320,7 +326,8 @@ type Config struct {
 	// promise a 5xx means nothing happened. By default a 5xx, or a panic
 	// before any answer, releases the key for a retry.
 	KeepServerErrors bool
-	// ArchiveTimeout bounds one archive lookup. Default 2s.
+	// ArchiveTimeout bounds one archive lookup. Default 2s (when zero);
+	// at least MinArchiveTimeout.
 	ArchiveTimeout time.Duration
 	// RetryAfter is sent with 409 in-flight and 503 answers. Default 1s.
 	RetryAfter time.Duration
@@ -362,8 +369,10 @@ func New(cfg Config) (*Middleware, error) {
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, 1<<20)
 	cfg.ResourceIDPath = cmp.Or(cfg.ResourceIDPath, "id")
 	switch {
-	case cfg.ArchiveTimeout < 0:
-		return nil, fmt.Errorf("idempotency: archive timeout must not be negative, got %s", cfg.ArchiveTimeout)
+	case cfg.ArchiveTimeout < MinArchiveTimeout:
+		// Shorter, no lookup fits (the Reader keeps a margin before the
+		// deadline), and under FailOpen every key would run unchecked.
+		return nil, fmt.Errorf("idempotency: archive timeout must be at least %s, got %s", MinArchiveTimeout, cfg.ArchiveTimeout)
 	case cfg.RetryAfter < 0:
 		return nil, fmt.Errorf("idempotency: Retry-After must not be negative, got %s", cfg.RetryAfter)
 	case cfg.MaxBodyBytes < 0:
@@ -384,6 +393,9 @@ func New(cfg Config) (*Middleware, error) {
 	path, err := resourceid.SplitPath(cfg.ResourceIDPath)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
+	}
+	if rv := reflect.ValueOf(cfg.Archive); cfg.Archive != nil && rv.Kind() == reflect.Pointer && rv.IsNil() {
+		return nil, fmt.Errorf("idempotency: Archive is a nil %T", cfg.Archive)
 	}
 	if v, ok := cfg.Archive.(interface{ Validate() error }); ok {
 		// An archive that can never answer (archiveclient.Lambda without
@@ -814,7 +826,8 @@ func (m *Middleware) lookup(ctx context.Context, scoped string, fp []byte) (arch
 	case err == nil:
 	case requestBound && errors.Is(err, archive.ErrDeadlineBound) && !errors.Is(err, context.DeadlineExceeded):
 		err = fmt.Errorf("%w (the request's deadline bounded the archive lookup): %w", context.DeadlineExceeded, err)
-	case !requestBound && ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
+	case !requestBound && ctx.Err() == nil && !errors.Is(err, archive.ErrMisconfigured) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
 		err = fmt.Errorf("%w: the archive did not answer within ArchiveTimeout (%s) or its own timeout: %v", archive.ErrTimeout, m.cfg.ArchiveTimeout, err)
 	}
 	return rec, err
@@ -1013,13 +1026,23 @@ func (m *Middleware) releaseAfterRun(ctx context.Context, key string, fp, token 
 // releaseBudget. A release that failed once (a connection reset, a
 // failover) leaves the key in flight for its whole window: every retry is
 // told 409 in flight, and with an archive hit behind it the key's recorded
-// outcome stays hidden until the window ends. Trying again is safe: a
-// release matches only this registration's token, and one that already
-// landed (its reply lost) matches nothing the next time.
+// outcome stays hidden until the window ends. Trying again is safe only
+// with a token: a release then matches this registration's entry alone,
+// and one that already landed (its reply lost) matches nothing the next
+// time. Without one it is tried once.
 func (m *Middleware) releaseBy(ctx context.Context, release func(context.Context, string, []byte, []byte) error, key string, fp, token []byte) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
 	defer cancel()
-	retrying(rctx, releaseAttempts, releaseBackoff, func(attempt int) bool {
+	attempts := releaseAttempts
+	if token == nil {
+		// A store that keeps no tokens (a database before migration 008)
+		// releases any token-less entry of this key and fingerprint: once
+		// the first attempt landed (its reply lost), a retry of this key
+		// may have registered anew and started its handler, and a second
+		// attempt would free its entry for a third to run beside it.
+		attempts = 1
+	}
+	retrying(rctx, attempts, releaseBackoff, func(attempt int) bool {
 		err := release(rctx, key, fp, token)
 		if err != nil {
 			m.cfg.Logger.ErrorContext(ctx, "idempotency: live store release failed", "error", err, "attempt", attempt)

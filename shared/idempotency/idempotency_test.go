@@ -888,14 +888,22 @@ func TestNegativeSettingsAreRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pg)
 	for name, cfg := range map[string]idempotency.Config{
-		"archive timeout": {ArchiveTimeout: -time.Second},
-		"retry after":     {RetryAfter: -time.Second},
-		"max body bytes":  {MaxBodyBytes: -1},
+		"retry after":    {RetryAfter: -time.Second},
+		"max body bytes": {MaxBodyBytes: -1},
 	} {
 		cfg.Store, cfg.SingleTenant = b.store, true
 		_, err := idempotency.New(cfg)
 		require.ErrorContains(t, err, "must not be negative", name)
 	}
+	// No lookup fits in an ArchiveTimeout this short (the Reader keeps a
+	// margin before its deadline): every lookup would fail, and FailOpen
+	// would run every key unchecked.
+	for _, d := range []time.Duration{-time.Second, time.Nanosecond, time.Millisecond, idempotency.MinArchiveTimeout - 1} {
+		_, err := idempotency.New(idempotency.Config{Store: b.store, SingleTenant: true, ArchiveTimeout: d, OnArchiveError: idempotency.FailOpen})
+		require.ErrorContains(t, err, "archive timeout must be at least 10ms", d.String())
+	}
+	_, err := idempotency.New(idempotency.Config{Store: b.store, SingleTenant: true, ArchiveTimeout: idempotency.MinArchiveTimeout})
+	require.NoError(t, err)
 }
 
 // A completed Redis hash whose status no writer of this package leaves

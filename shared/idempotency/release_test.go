@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/livestore"
 )
 
 // releaseBlip is a store whose releases fail (a connection reset, a
@@ -105,4 +107,75 @@ func TestAnEntryLeftInFlightByFailedReleasesIsAnsweredFromTheArchive(t *testing.
 	require.Equal(t, "idempotency_key_expired", problemOf(t, after)["code"])
 	require.EqualValues(t, 201, problemOf(t, after)["original_status"], "the archive holds the completed outcome: %s", after.Body)
 	require.EqualValues(t, 0, h.calls.Load())
+}
+
+// lostReplyRelease is a store whose first release lands, then loses its
+// reply (a connection reset after the commit), and returns only once the
+// test lets it.
+type lostReplyRelease struct {
+	idempotency.Store
+	calls   atomic.Int32
+	landed  chan struct{}
+	proceed chan struct{}
+}
+
+func (s *lostReplyRelease) Release(ctx context.Context, key string, fp, token []byte) error {
+	err := s.Store.Release(ctx, key, fp, token)
+	if s.calls.Add(1) == 1 {
+		close(s.landed)
+		<-s.proceed
+		return errors.New("release idempotency key: read tcp: connection reset by peer")
+	}
+	return err
+}
+
+// A store that keeps no tokens (a database before migration 008) releases
+// any token-less entry of the key and fingerprint. A release whose first
+// attempt landed and lost its reply is not tried again: meanwhile the
+// client's retry registered anew and runs, and a second attempt freed its
+// entry, so that a third request ran the charge beside it.
+func TestAReleaseWithoutATokenIsTriedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	_, err := b.db.Pool.Exec(context.Background(), "ALTER TABLE idempotency_keys DROP COLUMN registration")
+	require.NoError(t, err)
+	s := &lostReplyRelease{Store: livestore.NewPostgres(b.db.Pool), landed: make(chan struct{}), proceed: make(chan struct{})}
+	b.store = s
+	var calls atomic.Int32
+	started := make(chan struct{}, 4)
+	unblock := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusInternalServerError) // released for a retry
+			return
+		}
+		started <- struct{}{}
+		<-unblock
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
+
+	first := make(chan int)
+	go func() { first <- post(srv, "untokened", `{}`).Code }()
+	<-s.landed // its entry is gone; the reply is "lost"
+	second := make(chan int)
+	go func() { second <- post(srv, "untokened", `{}`).Code }()
+	<-started // the retry's charge runs
+	close(s.proceed)
+	require.Equal(t, http.StatusInternalServerError, <-first)
+
+	third := make(chan *httptest.ResponseRecorder)
+	go func() { third <- post(srv, "untokened", `{}`) }()
+	select {
+	case <-started:
+		close(unblock)
+		t.Fatal("a third request ran the handler beside the second")
+	case w := <-third:
+		close(unblock)
+		require.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+		require.Equal(t, "idempotency_key_in_flight", problemOf(t, w)["code"])
+	}
+	require.Equal(t, http.StatusCreated, <-second)
+	require.EqualValues(t, 2, calls.Load())
+	require.EqualValues(t, 1, s.calls.Load(), "one release, not retried without a token")
 }

@@ -600,30 +600,26 @@ SELECT EXISTS (SELECT 1 FROM pg_auth_members m
                  JOIN pg_roles u ON u.oid = m.member
                 WHERE r.rolname = $1 AND u.rolname = $2)`
 
-// foreignSQL says whether user $1 holds rds_iam, and whether it holds any
-// of the project's roles $2, directly.
-const foreignSQL = `
-SELECT pg_has_role($1, '` + IAMRole + `', 'MEMBER'),
-       EXISTS (SELECT 1 FROM pg_auth_members m
-                 JOIN pg_roles r ON r.oid = m.roleid
-                 JOIN pg_roles u ON u.oid = m.member
-                WHERE r.rolname = ANY($2) AND u.rolname = $1)`
-
-// refuseForeign refuses an existing user that holds neither rds_iam nor
-// any of the project's roles: no deploy made it (every deploy on a server
-// with rds_iam grants it to the users it makes, and users it made before
-// rds_iam existed hold their role). It belongs to someone else, maybe an
-// application that signs in with a password, which rds_iam would turn off
-// on RDS. An operator who means it for this function grants it rds_iam.
-func refuseForeign(ctx context.Context, tx pgx.Tx, u User) error {
-	var hasIAM, ours bool
-	if err := tx.QueryRow(ctx, foreignSQL, u.Name, []string{schema.OwnerRole, schema.SweeperRole, schema.ReaderRole, schema.WriterRole}).Scan(&hasIAM, &ours); err != nil {
-		return fmt.Errorf("look up %s's roles: %w", u.Name, err)
-	}
-	if hasIAM || ours {
+// refuseForeign refuses an existing user that does not hold rds_iam and
+// that the previous deploy did not name: no deploy made it (every deploy
+// on a server with rds_iam grants it to the users it makes or adopts). It
+// belongs to someone else, maybe an application that signs in with a
+// password, which rds_iam would turn off on RDS; one of the project's
+// roles an operator granted it (an API's user reading the archive) does
+// not make it the deploy's. An operator who means it for this function
+// grants it rds_iam.
+func refuseForeign(ctx context.Context, tx pgx.Tx, u User, previous Users) error {
+	if slices.ContainsFunc(previous.roles(), func(old User) bool { return old.Name == u.Name }) {
 		return nil
 	}
-	return fmt.Errorf("user %s exists and no deploy made it (it holds neither %s nor a role of this project): granting it %s would turn off its password sign-in; choose another name, or, if it is meant for this function and signs in with IAM, run GRANT %s TO %s first",
+	var hasIAM bool
+	if err := tx.QueryRow(ctx, "SELECT pg_catalog.pg_has_role($1, '"+IAMRole+"', 'MEMBER')", u.Name).Scan(&hasIAM); err != nil {
+		return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+	}
+	if hasIAM {
+		return nil
+	}
+	return fmt.Errorf("user %s exists and no deploy made it (it does not hold %s, and the previous deploy did not name it): granting it %s would turn off its password sign-in; choose another name, or, if it is meant for this function and signs in with IAM, run GRANT %s TO %s first",
 		u.Name, IAMRole, IAMRole, IAMRole, pgx.Identifier{u.Name}.Sanitize())
 }
 
@@ -735,7 +731,7 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 				return fmt.Errorf("user %s exists but may not log in: it is not a user this deploy made; choose another name", u.Name)
 			}
 			if exists && iam {
-				if err := refuseForeign(ctx, tx, u); err != nil {
+				if err := refuseForeign(ctx, tx, u, previous); err != nil {
 					return err
 				}
 			}

@@ -70,7 +70,8 @@ func TestRedactHidesASecretsJSONPastedIntoAVariable(t *testing.T) {
 		})
 		require.NoError(t, err, "%s: %v", id, err)
 	}
-	for _, line := range []string{`x: "password": "S3cretPw42"}`, `x: {\"Password\":\"S3cretPw42\"}`, `"masterPassword" :"S3cretPw42"`} {
+	for _, line := range []string{`x: "password": "S3cretPw42"}`, `x: {\"Password\":\"S3cretPw42\"}`, `"masterPassword" :"S3cretPw42"`,
+		`x: {'username': 'admin', 'password': 'S3cretPw42'}`, `x: password: S3cretPw42`, `x: {password: "S3cretPw42"}`} {
 		require.NotContains(t, settings.Redact(line), "S3cretPw42", line)
 	}
 }

@@ -511,14 +511,14 @@ func (r *reader) pause(name string, def time.Duration) time.Duration {
 // quoted or not, and an echoed value is escaped once more (%q), so no
 // shorter match is sure to end after the password.
 //
-// jsonPassword matches a JSON member whose name ends in "password" (the
-// RDS-generated secret DATABASE_SECRET_ARN names, pasted in its place),
-// up to the end of the line for the same reasons, its quotes escaped or
-// not.
+// jsonPassword matches a member whose name ends in "password" (the
+// RDS-generated secret DATABASE_SECRET_ARN names, pasted in its place), up
+// to the end of the line for the same reasons: JSON's, its quotes escaped
+// or not, a printed Python dict's, YAML's.
 var (
 	userInfo     = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
 	password     = regexp.MustCompile(`(?i)(password\s*=).*`)
-	jsonPassword = regexp.MustCompile(`(?i)(password\\*"\s*:).*`)
+	jsonPassword = regexp.MustCompile(`(?i)(password\\*["']?\s*:).*`)
 )
 
 // Redact hides the user and password of any connection string, and the
