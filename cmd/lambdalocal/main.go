@@ -148,8 +148,20 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		pretty.Write(out)
 	}
 	pretty.WriteByte('\n')
-	_, err = stdout.Write(pretty.Bytes())
-	return err
+	if _, err = stdout.Write(pretty.Bytes()); err != nil {
+		return err
+	}
+	// The emulator answers a function's error with 200 and an error
+	// object, as Lambda's Invoke does (with X-Amz-Function-Error): the
+	// command fails on it, so that a script or make target sees it.
+	var failed struct {
+		Message *string `json:"errorMessage"`
+		Type    *string `json:"errorType"`
+	}
+	if json.Unmarshal(out, &failed) == nil && failed.Message != nil && failed.Type != nil {
+		return fmt.Errorf("the function failed: %s", *failed.Message)
+	}
+	return nil
 }
 
 // stripPassword removes the password from a PostgreSQL connection string, URL
@@ -577,14 +589,54 @@ func containsSecret(b []byte, secrets []string) bool {
 // deployed stack gives them by default (infra/stack: the sweep's is its
 // 5-minute interval less one minute; the partition manager's 5 minutes), so
 // that a local run stops where a deployed one does (the sweep's deadline
-// margin counts from its timeout).
+// margin counts from its timeout). samTimeouts lengthens the first two as
+// the shell's settings need.
 var samFunctions = []struct {
 	logicalID, dir string
-	timeout        int
+	timeout        time.Duration
 }{
-	{"SweepFunction", "sweep", 240},
-	{"PartitionsFunction", "partitions", 300},
-	{"LookupFunction", "lookup", 10},
+	{"SweepFunction", "sweep", 4 * time.Minute},
+	{"PartitionsFunction", "partitions", 5 * time.Minute},
+	{"LookupFunction", "lookup", 10 * time.Second},
+}
+
+// Timeouts the stack also keeps (infra/stack): a sweep has at least
+// samSweepWindow of its timeout to start batches in after its deadline
+// margin, and a partitions run samPartitionsSlack beyond its longest DDL
+// statement, within Lambda's 15 minutes.
+const (
+	samSweepWindow     = 10 * time.Second
+	samPartitionsSlack = 2 * time.Minute
+	samMaxTimeout      = 15 * time.Minute
+)
+
+// samTimeouts returns each function's timeout for the shell's settings s:
+// a sweep whose deadline margin (SWEEP_DEADLINE_MARGIN, or its statement
+// timeout plus 5 s) left it no time would fail every run with "started no
+// batch", and a partitions run shorter than one DDL statement would be cut
+// off midway. Settings no Lambda timeout can hold are refused.
+func samTimeouts(s settings.Settings) (map[string]time.Duration, error) {
+	margin := s.Sweep.WithDefaults().DeadlineMargin
+	p := s.Partitions.WithDefaults()
+	longest := max(p.StatementTimeout, p.LockTimeout)
+	out := map[string]time.Duration{}
+	for _, f := range samFunctions {
+		out[f.dir] = f.timeout
+	}
+	out["sweep"] = max(out["sweep"], margin+samSweepWindow)
+	out["partitions"] = max(out["partitions"], longest+samPartitionsSlack)
+	switch {
+	case out["sweep"] > samMaxTimeout:
+		return nil, fmt.Errorf("the sweep's deadline margin (%s: SWEEP_DEADLINE_MARGIN, by default SWEEP_STATEMENT_TIMEOUT + 5s) leaves no Lambda timeout %s to start batches in: shorten it", margin, samSweepWindow)
+	case out["partitions"] > samMaxTimeout:
+		return nil, fmt.Errorf("PARTITION_STATEMENT_TIMEOUT or PARTITION_LOCK_TIMEOUT (%s) leaves no Lambda timeout %s beyond it: shorten it", longest, samPartitionsSlack)
+	}
+	for f, d := range out {
+		if r := d % time.Second; r != 0 {
+			out[f] = d + time.Second - r // whole seconds (Lambda's unit), up
+		}
+	}
+	return out, nil
 }
 
 func cmdTemplate(args []string, stderr io.Writer) error {
@@ -635,6 +687,24 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
+	// The timeouts are read with the functions' own rules, alone: the
+	// rest of the shell's settings are checked where they are used.
+	shell, err := settings.FromEnv(func(name string) string {
+		switch name {
+		case "SWEEP_STATEMENT_TIMEOUT", "SWEEP_LOCK_TIMEOUT", "SWEEP_DEADLINE_MARGIN", "PARTITION_STATEMENT_TIMEOUT", "PARTITION_LOCK_TIMEOUT":
+			return os.Getenv(name)
+		case "DATABASE_URL":
+			return "postgres://localhost/timeouts-only"
+		}
+		return ""
+	})
+	if err != nil {
+		return fmt.Errorf("this shell's timeouts, which the template's functions get: %s", settings.Redact(err.Error()))
+	}
+	timeouts, err := samTimeouts(shell)
+	if err != nil {
+		return err
+	}
 	resources := map[string]any{}
 	for _, f := range samFunctions {
 		resources[f.logicalID] = map[string]any{
@@ -645,7 +715,7 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 				"Runtime":       "provided.al2023",
 				"Architectures": []string{"arm64"},
 				"MemorySize":    256,
-				"Timeout":       f.timeout,
+				"Timeout":       int(timeouts[f.dir] / time.Second),
 				"Tracing":       "Active",
 				"Environment":   map[string]any{"Variables": env},
 			},

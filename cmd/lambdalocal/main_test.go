@@ -81,6 +81,44 @@ func TestTemplateDescribesTheThreeFunctions(t *testing.T) {
 	}
 }
 
+// A sweep whose deadline margin leaves it no time, or a partitions run
+// shorter than one DDL statement, fails every local run: the template's
+// timeouts grow with the shell's settings, as the stack's do, and settings
+// no Lambda timeout holds are refused.
+func TestTemplateTimeoutsFollowTheShellsSettings(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://archive@127.0.0.1:5432/app")
+	t.Setenv("SWEEP_STATEMENT_TIMEOUT", "3m")
+	t.Setenv("SWEEP_DEADLINE_MARGIN", "4m")
+	t.Setenv("PARTITION_STATEMENT_TIMEOUT", "10m")
+	t.Setenv("PARTITION_LOCK_TIMEOUT", "10m0.5s")
+	out := filepath.Join(t.TempDir(), "template.json")
+	require.NoError(t, run(context.Background(), []string{"template", "-o", out}, io.Discard, io.Discard))
+	raw, err := os.ReadFile(out)
+	require.NoError(t, err)
+	var doc struct {
+		Resources map[string]struct{ Properties struct{ Timeout int } }
+	}
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	require.Equal(t, 250, doc.Resources["SweepFunction"].Properties.Timeout, "the margin and 10 s to start batches in")
+	require.Equal(t, 721, doc.Resources["PartitionsFunction"].Properties.Timeout, "the longest statement and 2 minutes, in whole seconds up")
+	require.Equal(t, 10, doc.Resources["LookupFunction"].Properties.Timeout)
+
+	t.Setenv("SWEEP_STATEMENT_TIMEOUT", "14m")
+	t.Setenv("SWEEP_DEADLINE_MARGIN", "14m55s")
+	err = run(context.Background(), []string{"template", "-o", out}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "the sweep's deadline margin (14m55s")
+	t.Setenv("SWEEP_STATEMENT_TIMEOUT", "")
+	t.Setenv("SWEEP_DEADLINE_MARGIN", "")
+	t.Setenv("PARTITION_STATEMENT_TIMEOUT", "13m1s")
+	t.Setenv("PARTITION_LOCK_TIMEOUT", "")
+	err = run(context.Background(), []string{"template", "-o", out}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "PARTITION_STATEMENT_TIMEOUT or PARTITION_LOCK_TIMEOUT (13m1s)")
+	t.Setenv("PARTITION_STATEMENT_TIMEOUT", "soon")
+	err = run(context.Background(), []string{"template", "-o", out}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "this shell's timeouts")
+	require.ErrorContains(t, err, "PARTITION_STATEMENT_TIMEOUT")
+}
+
 func TestTemplateNeedsADatabaseAndKeepsPasswordsOut(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("DATABASE_SECRET_ARN", "")
@@ -134,4 +172,16 @@ func TestInvokeRunsTheBootstrapUnderTheEmulator(t *testing.T) {
 	require.Equal(t, 200, resp.Status)
 	require.Equal(t, "ch_probe", resp.Record.ResourceID)
 	require.Contains(t, logs.String(), "START RequestId", "the function's logs go to stderr")
+
+	// A function that fails (an option it does not know) fails the
+	// command too, its error object still printed.
+	event := filepath.Join(t.TempDir(), "bad.json")
+	require.NoError(t, os.WriteFile(event, []byte(`{"batchsize": 1}`), 0o600))
+	out.Reset()
+	err = run(context.Background(), []string{"invoke",
+		"-rie", testenv.RIEBinary(t),
+		"-bootstrap", testenv.Bootstraps(t, "sweep")["sweep"],
+		"-event", event}, &out, &logs)
+	require.ErrorContains(t, err, `the function failed: invalid options: json: unknown field "batchsize"`)
+	require.Contains(t, out.String(), `"errorMessage"`)
 }
