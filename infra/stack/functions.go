@@ -84,8 +84,11 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 		// keeps PartitionLeadMonths ahead.
 		env: map[string]string{"SWEEP_MISSING_PARTITION": "fail"},
 		// A failed sweep is not retried: the next scheduled run, minutes
-		// away, is the retry.
-		async: &awslambda.EventInvokeConfigOptions{RetryAttempts: jsii.Number(0), OnFailure: failed},
+		// away, is the retry. An event Lambda could not start within an
+		// interval (throttled) is dropped to the failure queue, not run
+		// beside the next run: that one supersedes it.
+		async: &awslambda.EventInvokeConfigOptions{RetryAttempts: jsii.Number(0), OnFailure: failed,
+			MaxEventAge: awscdk.Duration_Seconds(jsii.Number(p.SweepInterval.Seconds()))},
 	})
 	f.Partitions = newFunction(c, net, db, p, fnSpec{
 		name: "partitions", description: "Creates archive partitions ahead of time and retires expired ones",

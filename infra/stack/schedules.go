@@ -34,10 +34,15 @@ func NewSchedules(scope constructs.Construct, id string, fns *Functions, p Props
 		MaxEventAge:     awscdk.Duration_Hours(jsii.Number(1)),
 	}
 	s := &Schedules{Construct: c}
+	// A sweep event EventBridge could not deliver within an interval is
+	// superseded by the next run's: dropped to the queue, not delivered
+	// late beside it.
+	deliverSweep := *deliver
+	deliverSweep.MaxEventAge = awscdk.Duration_Seconds(jsii.Number(p.SweepInterval.Seconds()))
 	s.Sweep = awsevents.NewRule(c, jsii.String("Sweep"), &awsevents.RuleProps{
 		Description: jsii.String("Idempotency archive: sweep expired keys into the archive"),
 		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(p.SweepInterval.Minutes()))),
-		Targets:     &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(fns.Sweep, deliver)},
+		Targets:     &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(fns.Sweep, &deliverSweep)},
 	})
 	s.Partitions = awsevents.NewRule(c, jsii.String("Partitions"), &awsevents.RuleProps{
 		Description: jsii.String("Idempotency archive: keep partitions ahead and retire expired ones"),

@@ -299,6 +299,15 @@ func TestFailedScheduledInvocationsGoToTheFailureQueue(t *testing.T) {
 		"FunctionName":         map[string]any{"Ref": b.functionID(t, "sweep")},
 		"MaximumRetryAttempts": 0,
 		"DestinationConfig":    map[string]any{"OnFailure": map[string]any{"Destination": queue}},
+		// an event not started within an interval is superseded by the
+		// next run, never run late beside it
+		"MaximumEventAgeInSeconds": 300,
+	})
+	b.template.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{
+		"ScheduleExpression": "rate(5 minutes)",
+		"Targets": []any{assertions.Match_ObjectLike(&map[string]any{
+			"RetryPolicy": map[string]any{"MaximumRetryAttempts": 2, "MaximumEventAgeInSeconds": 300},
+		})},
 	})
 	// ... the partitions function retries twice, to the same queue
 	b.template.HasResourceProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{
