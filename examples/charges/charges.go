@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net/http"
 	"regexp"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemarchive/idemarchive/shared/problem"
+	"github.com/idemarchive/idemarchive/shared/strictjson"
 )
 
 // Charge is the demo's resource.
@@ -39,10 +41,13 @@ func (c *charges) create(w http.ResponseWriter, r *http.Request) {
 		Amount   int64  `json:"amount"`
 		Currency string `json:"currency"`
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		fail(w, http.StatusBadRequest, "invalid_json", "the body must be a JSON object with amount and currency")
+	// A payment's body must mean one thing to everyone who reads it (a
+	// proxy, a validator, this handler): a member given twice, or in
+	// another letter case, or anything after the object, is refused
+	// rather than read by its last occurrence.
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<16))
+	if err != nil || strictjson.Decode(body, &in, true) != nil {
+		fail(w, http.StatusBadRequest, "invalid_json", "the body must be one JSON object with amount and currency, each given once")
 		return
 	}
 	in.Currency = strings.ToLower(in.Currency)

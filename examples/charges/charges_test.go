@@ -30,6 +30,14 @@ func TestCreateValidatesAndReadsBack(t *testing.T) {
 		`{"amount":-5,"currency":"gbp"}`:      "invalid_amount",
 		`{"amount":100,"currency":"pounds"}`:  "invalid_currency",
 		`{"amount":100}`:                      "invalid_currency",
+		// A body that could be read two ways is refused, not charged by
+		// its last (or first) reading.
+		`{"amount":1,"currency":"gbp","amount":999999}`:                 "invalid_json",
+		`{"amount":1,"currency":"gbp","AMOUNT":999999}`:                 "invalid_json",
+		`{"Amount":1,"currency":"gbp"}`:                                 "invalid_json",
+		`{"amount":4500,"currency":"gbp"} trailing`:                     "invalid_json",
+		`{"amount":4500,"currency":"gbp"}{"amount":1,"currency":"gbp"}`: "invalid_json",
+		"{\"amount\":1,\"currency\":\"gb\xff\"}":                        "invalid_json",
 	} {
 		w := do("POST", "/v1/charges", body)
 		require.Equal(t, 400, w.Code, body)

@@ -85,7 +85,9 @@ func run(ctx context.Context, getenv func(string) string) error {
 	if err != nil {
 		return fmt.Errorf("%w (is another server on %s? set ADDR, for example ADDR=:8081)", err, addr)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// A client that sends its body slowly is cut off, not held forever: the
+	// middleware reads the body (up to 1 MiB) before it registers the key.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	logger.Info("charges API listening", "addr", ln.Addr().String(), "live_ttl", arch.LiveTTL.String())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

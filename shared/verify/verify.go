@@ -40,7 +40,10 @@ type Check struct {
 type Options struct {
 	// Recent is the window in which archive rows must exist. Default 24h.
 	Recent time.Duration
-	// Now returns the current time. Default time.Now.
+	// Now returns the current time. Default: the database's clock, which
+	// the sweeper and the live stores judge expiries by (a machine whose
+	// clock is slow would count keys the sweeper has yet to move as none,
+	// a fast one keys still inside their grace).
 	Now func() time.Time
 	// InFlightGrace is how long past its expiry the sweeper leaves a key
 	// still in flight live (SWEEP_IN_FLIGHT_GRACE): such a key is not
@@ -56,10 +59,12 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	if opts.Recent == 0 {
 		opts.Recent = 24 * time.Hour
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
+	var now time.Time
+	if opts.Now != nil {
+		now = opts.Now()
+	} else if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return nil, fmt.Errorf("read the database's clock: %w", err)
 	}
-	now := opts.Now()
 	var checks []Check
 
 	var backlog int64
@@ -74,7 +79,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_key_archive WHERE expired_at > $1`, now.Add(-opts.Recent)).Scan(&recent); err != nil {
 		return nil, fmt.Errorf("count recent archive rows: %w", err)
 	}
-	checks = append(checks, Check{"recent archive rows exist", recent > 0, fmt.Sprintf("%d rows expired in the last %s", recent, strings.TrimSuffix(strings.TrimSuffix(opts.Recent.String(), "0s"), "0m"))})
+	checks = append(checks, Check{"recent archive rows exist", recent > 0, fmt.Sprintf("%d rows expired in the last %s", recent, shortDuration(opts.Recent))})
 
 	rows, err := pool.Query(ctx, `
 		SELECT attname, format_type(atttypid, atttypmod)
@@ -116,7 +121,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	}
 	var newest time.Time
 	var advice []string
-	hasDefault, detachPending := false, false
+	hasDefault, detachPending, foreign, endless := false, false, false, false
 	for _, p := range parts {
 		if p.DetachPending {
 			// Whatever its month: its rows are invisible to every lookup
@@ -136,13 +141,22 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 		if p.To.After(newest) {
 			newest = p.To
 		}
-		if problem := p.Foreign(); problem != "" && overlaps(p, current, current.AddDate(0, 3, 0)) && len(missing) > 0 {
+		endless = endless || p.To.IsZero()
+		if problem := p.Foreign(); problem != "" && overlaps(p, current, current.AddDate(0, 3, 0)) {
+			// It may cover these months, but the manager cannot create,
+			// retire or compact the months it overlaps: every partitions
+			// run fails on it.
+			foreign = true
 			advice = append(advice, fmt.Sprintf("%s: %s", p.Name, problem))
 		}
 	}
-	figure = "no partitions"
-	if !newest.IsZero() {
+	switch {
+	case endless:
+		figure = "a partition has no upper bound"
+	case !newest.IsZero():
 		figure = fmt.Sprintf("newest partition ends %s (%.0f days ahead)", newest.Format("2006-01-02"), newest.Sub(now).Hours()/24)
+	default:
+		figure = "no partitions"
 	}
 	if len(missing) > 0 {
 		figure += "; missing " + strings.Join(missing, ", ")
@@ -150,7 +164,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	if len(advice) > 0 {
 		figure += "; " + strings.Join(advice, "; ")
 	}
-	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0 && !hasDefault && !detachPending, figure})
+	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0 && !hasDefault && !detachPending && !foreign, figure})
 
 	check, err := recorded(ctx, pool)
 	if err != nil {
@@ -193,4 +207,17 @@ func overlaps(p partition.Partition, from, to time.Time) bool {
 		return true
 	}
 	return (p.From.IsZero() || p.From.Before(to)) && (p.To.IsZero() || p.To.After(from))
+}
+
+// shortDuration writes d as time.Duration does, without a zero tail of
+// minutes and seconds: 24h, 10m, 1h10m, 50s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

@@ -1,0 +1,76 @@
+package verify_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/verify"
+)
+
+// A partition made by hand over the months ahead, several months long or
+// unbounded, covers them, but the manager can create, retire or compact
+// none of the months it overlaps: every partitions run fails on it. The
+// check used to pass (its figure saying "no partitions" for an unbounded
+// one); it fails, naming the partition and what to do.
+func TestAHandMadePartitionOverTheMonthsAheadFails(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct{ bound, figure string }{
+		"six months": {"FROM ('2026-12-01 00:00:00+00') TO ('2027-06-01 00:00:00+00')", "newest partition ends 2027-06-01"},
+		"unbounded":  {"FROM (MINVALUE) TO (MAXVALUE)", "a partition has no upper bound"},
+		"open ended": {"FROM ('2026-12-01 00:00:00+00') TO (MAXVALUE)", "a partition has no upper bound"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := dbtest.New(t)
+			ctx := context.Background()
+			_, err := db.Pool.Exec(ctx, "CREATE TABLE by_hand PARTITION OF idempotency_key_archive FOR VALUES "+tc.bound)
+			require.NoError(t, err)
+			m, err := partition.NewManager(db.Pool, partition.Config{Now: func() time.Time { return now }}, nil)
+			require.NoError(t, err)
+			_, runErr := m.Run(ctx, false)
+			require.Error(t, runErr, "the manager cannot run beside it")
+			c := partitionsCheck(t, db)
+			require.False(t, c.Pass, c.Figure)
+			require.Contains(t, c.Figure, tc.figure)
+			require.Contains(t, c.Figure, "by_hand: bounds [")
+			require.NotContains(t, c.Figure, "no partitions")
+		})
+	}
+}
+
+// --recent is echoed as given, not with its zeros cut ("10m" read "1").
+func TestTheRecentWindowIsNamedAsGiven(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	for d, want := range map[time.Duration]string{
+		24 * time.Hour: "24h", 10 * time.Minute: "10m", 30 * time.Minute: "30m", 50 * time.Second: "50s",
+		70 * time.Minute: "1h10m", 90 * time.Second: "1m30s", 100 * time.Hour: "100h", 1500 * time.Millisecond: "1.5s",
+	} {
+		checks, err := verify.Run(context.Background(), db.Pool, verify.Options{Now: func() time.Time { return now }, Recent: d})
+		require.NoError(t, err)
+		require.True(t, strings.HasSuffix(checks[1].Figure, "in the last "+want), "%s: %q", d, checks[1].Figure)
+	}
+}
+
+// Without Options.Now (archivectl verify), expiries are judged by the
+// database's clock, as the sweeper judges them, not by the clock of the
+// machine verify runs on.
+func TestTheBacklogIsCountedByTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	var dbNow time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: "idem:v1:done", Status: 201, ExpiresAt: dbNow.Add(-5 * time.Minute)})
+	dbtest.InsertLive(t, db.Pool, dbtest.LiveRow{Key: "idem:v1:later", Status: 201, ExpiresAt: dbNow.Add(time.Hour)})
+	checks, err := verify.Run(ctx, db.Pool, verify.Options{})
+	require.NoError(t, err)
+	require.False(t, checks[0].Pass)
+	require.Equal(t, "1 expired live rows", checks[0].Figure)
+}
