@@ -102,13 +102,8 @@ func TestAnExistingNoInheritUserFailsTheDeployOrIsMadeToWork(t *testing.T) {
 // operator who means it grants it rds_iam first.
 func TestAnotherApplicationsUserIsNotTakenOver(t *testing.T) {
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, dbtest.URL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) })
-	b := setup(t)
-	_, err = admin.Exec(ctx, "CREATE ROLE rds_iam NOLOGIN")
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS rds_iam") })
+	admin, b := setupWithRDSIAM(t)
+	var err error
 	id := pgx.Identifier{b.users.Owner}.Sanitize()
 	_, err = admin.Exec(ctx, "CREATE ROLE "+id+" LOGIN PASSWORD 'app-secret'")
 	require.NoError(t, err)
@@ -136,4 +131,54 @@ func TestAnotherApplicationsUserIsNotTakenOver(t *testing.T) {
 	resp = b.invoke(b.event(t, "migrate-cfn-create.json", nil))
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 	require.True(t, memberOf(t, b, b.users.Owner, "idempotency_owner"))
+}
+
+// Not parallel: rds_iam is cluster-wide. CloudFormation's rollback of an
+// Update refused for naming another application's user sends the refused
+// properties as the previous ones: that user is "dropped", and its role,
+// one an operator granted by hand (a Redis archive pool's user, which signs
+// in with a password), was revoked. No deploy made it (it does not hold
+// rds_iam): its roles are left alone.
+func TestTheRollbackOfARefusedUpdateKeepsAnOperatorsGrant(t *testing.T) {
+	ctx := context.Background()
+	admin, b := setupWithRDSIAM(t)
+	var err error
+	resp := b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+
+	app := "redis_archiver_" + randomSuffix()
+	id := pgx.Identifier{app}.Sanitize()
+	for _, stmt := range []string{"CREATE ROLE " + id + " LOGIN PASSWORD 'app-secret'", "GRANT idempotency_sweeper TO " + id} {
+		_, err = admin.Exec(ctx, stmt)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+id) })
+
+	mistaken := func(p map[string]any) { p["SweeperUser"] = app }
+	resp = b.invoke(b.transition(t, nil, mistaken))
+	require.Equal(t, cfn.StatusFailed, resp.Status)
+	require.Contains(t, resp.Reason, "no deploy made it")
+	require.True(t, memberOf(t, b, app, "idempotency_sweeper"), "the refused Update changed nothing")
+
+	resp = b.invoke(b.transition(t, mistaken, nil)) // the rollback
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	require.False(t, memberOf(t, b, app, provision.IAMRole))
+	require.True(t, memberOf(t, b, app, "idempotency_sweeper"), "the rollback revoked the operator's grant")
+	require.True(t, memberOf(t, b, b.users.Sweeper, "idempotency_sweeper"), "the sweeper's own user keeps its role")
+}
+
+// setupWithRDSIAM is setup on a server with rds_iam, as RDS has, and a
+// connection of the cluster's test user. Its tests are not parallel:
+// rds_iam is cluster-wide.
+func setupWithRDSIAM(t *testing.T) (*pgx.Conn, bundle) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	b := setup(t)
+	_, err = admin.Exec(ctx, "CREATE ROLE rds_iam NOLOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS rds_iam") })
+	return admin, b
 }

@@ -50,9 +50,8 @@ type Lambda struct {
 	FunctionName string
 	// Timeout bounds one invocation, retries included. Default 2s (when
 	// zero); a negative one is refused by Validate (which idempotency.New
-	// calls) and on every lookup, with an error that matches
-	// context.DeadlineExceeded (so never failed open on). The caller's
-	// context may cut it shorter.
+	// calls) and on every lookup, with archive.ErrMisconfigured (never
+	// failed open on). The caller's context may cut it shorter.
 	Timeout time.Duration
 }
 
@@ -82,15 +81,15 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 	if err := archive.ValidateKey(scopedKey); err != nil {
 		return archive.Record{ScopedKey: scopedKey}, err
 	}
-	if l.Timeout < 0 {
+	if err := l.Validate(); err != nil {
 		// A configuration error, said as one (archive.ErrMisconfigured),
 		// and not an archive that never answers: the middleware never
 		// fails open on it (a wrapper of this client can hide Validate
 		// from idempotency.New), and an archive error would let FailOpen
-		// run every key, those the archive holds included. It still
-		// matches context.DeadlineExceeded, as the deadline already
-		// passed it once was.
-		return archive.Record{}, fmt.Errorf("%w: archiveclient: Timeout must not be negative, got %s (no lookup fits in it: %w)", archive.ErrMisconfigured, l.Timeout, context.DeadlineExceeded)
+		// run every key, those the archive holds included. Nothing is
+		// invoked (no Client would panic; no FunctionName would reach
+		// .../functions//invocations).
+		return archive.Record{}, fmt.Errorf("%w: %w", archive.ErrMisconfigured, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(l.Timeout, 2*time.Second))
 	defer cancel()

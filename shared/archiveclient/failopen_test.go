@@ -2,6 +2,7 @@ package archiveclient_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -45,8 +46,8 @@ func (f *ctxFunction) Invoke(ctx context.Context, in *lambda.InvokeInput, opts .
 // lookup only, it became an "archive error" that FailOpen runs through:
 // every late retry of an archived key ran again. idempotency.New refuses
 // such a client (and one without a function or a client) before any
-// request; a lookup through it still fails with an error matching
-// context.DeadlineExceeded, invoking nothing.
+// request; a lookup through it fails with archive.ErrMisconfigured,
+// invoking nothing.
 func TestANegativeTimeoutIsRefusedBeforeAnyRequest(t *testing.T) {
 	t.Parallel()
 	f := &ctxFunction{function{out: archived}}
@@ -61,7 +62,7 @@ func TestANegativeTimeoutIsRefusedBeforeAnyRequest(t *testing.T) {
 	}
 	c := archiveclient.Lambda{Client: f, FunctionName: "lookup", Timeout: -time.Second}
 	_, err := c.Lookup(context.Background(), "archived-key", nil)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, archive.ErrMisconfigured)
 	require.Empty(t, f.asked, "nothing is invoked")
 }
 
@@ -119,24 +120,41 @@ func (a tracedArchive) Lookup(ctx context.Context, k string, fp []byte) (archive
 	return a.inner.Lookup(ctx, k, fp)
 }
 
-// Behind a decorator, a negative Timeout reaches the first lookup. Its
-// error is archive.ErrMisconfigured, which the middleware never fails open
-// on: a key the archive holds never runs, whatever OnArchiveError says. A
-// nil *Lambda is refused by New, not a panic.
+type errArchive struct{ err error }
+
+func (a errArchive) Lookup(context.Context, string, []byte) (archive.Record, error) {
+	return archive.Record{}, a.err
+}
+
+// Behind a decorator, a client that can never look a key up (a negative
+// Timeout, no FunctionName, no Client) reaches the first lookup. Its error
+// is archive.ErrMisconfigured, without invoking anything, and the
+// middleware never fails open on that error, from any Archive: a key the
+// archive holds never runs, whatever OnArchiveError says. A nil *Lambda is
+// refused by New, not a panic.
 func TestAMisconfiguredClientBehindADecoratorNeverFailsOpen(t *testing.T) {
 	t.Parallel()
 	f := &ctxFunction{function{out: archived}}
-	c := archiveclient.Lambda{Client: f, FunctionName: "lookup", Timeout: -time.Second}
-	mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: tracedArchive{c}, SingleTenant: true,
-		OnArchiveError: idempotency.FailOpen})
-	require.NoError(t, err)
-	var ran atomic.Int32
-	w := charge(mw, "archived-key", &ran)
-	require.EqualValues(t, 0, ran.Load(), "a key the archive holds ran under FailOpen: %d %s", w.Code, w.Body)
-	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	for name, a := range map[string]idempotency.Archive{
+		"negative Timeout": tracedArchive{archiveclient.Lambda{Client: f, FunctionName: "lookup", Timeout: -time.Second}},
+		"no FunctionName":  tracedArchive{archiveclient.Lambda{Client: f}},
+		"no Client":        tracedArchive{archiveclient.Lambda{FunctionName: "lookup"}},
+		"bare error":       errArchive{archive.ErrMisconfigured},
+		"wrapped error":    errArchive{fmt.Errorf("tracing: %w", archive.ErrMisconfigured)},
+	} {
+		mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: a, SingleTenant: true,
+			OnArchiveError: idempotency.FailOpen})
+		require.NoError(t, err)
+		var ran atomic.Int32
+		var w *httptest.ResponseRecorder
+		require.NotPanics(t, func() { w = charge(mw, "archived-key", &ran) }, name)
+		require.EqualValues(t, 0, ran.Load(), "%s: a key the archive holds ran under FailOpen: %d %s", name, w.Code, w.Body)
+		require.Equal(t, http.StatusServiceUnavailable, w.Code, name)
+	}
 	require.Empty(t, f.asked, "nothing is invoked")
 
 	var nilClient *archiveclient.Lambda
+	var err error
 	require.NotPanics(t, func() {
 		_, err = idempotency.New(idempotency.Config{Store: freshStore{}, Archive: nilClient, SingleTenant: true})
 	})

@@ -257,7 +257,7 @@ func wantKind(t reflect.Type) string {
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number"
+		return "a whole number written in digits (no fraction or exponent), within range"
 	case reflect.Float32, reflect.Float64:
 		return "a number"
 	case reflect.String:
@@ -292,7 +292,7 @@ func (h rawHandler[T]) Invoke(ctx context.Context, payload []byte) ([]byte, erro
 	if err := enc.Encode(out); err != nil {
 		return nil, fmt.Errorf("encode the answer: %w", err)
 	}
-	return b.Bytes(), nil
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil // as aws-lambda-go answers
 }
 
 // objectNames returns the names of a JSON object's members, refusing a name

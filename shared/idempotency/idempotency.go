@@ -360,6 +360,9 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("idempotency: a live store is required")
 	}
+	if nilPointer(cfg.Store) {
+		return nil, fmt.Errorf("idempotency: Store is a nil %T", cfg.Store)
+	}
 	if (cfg.Tenant == nil) == !cfg.SingleTenant {
 		return nil, errors.New("idempotency: set Config.Tenant to scope keys to the authenticated caller, or Config.SingleTenant when every caller shares one key space (exactly one of them)")
 	}
@@ -394,7 +397,7 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
 	}
-	if rv := reflect.ValueOf(cfg.Archive); cfg.Archive != nil && rv.Kind() == reflect.Pointer && rv.IsNil() {
+	if nilPointer(cfg.Archive) {
 		return nil, fmt.Errorf("idempotency: Archive is a nil %T", cfg.Archive)
 	}
 	if v, ok := cfg.Archive.(interface{ Validate() error }); ok {
@@ -414,6 +417,13 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, errors.New("idempotency: this store writes archive rows at completion (livestore.Redis): set Config.Archive to read them")
 	}
 	return &Middleware{cfg: cfg, path: path, archivesAtCompletion: archivesAtCompletion}, nil
+}
+
+// nilPointer reports whether v is a nil pointer in a non-nil interface: a
+// store or archive that would panic on its first request.
+func nilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return v != nil && rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // Unwrapper is implemented by a store that wraps another (a metrics or
@@ -665,13 +675,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.archived(w, r, rec)
 			return
 		case errors.Is(err, archive.ErrNotFound):
-		case ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		case ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), errors.Is(err, archive.ErrMisconfigured):
 			// The lookup failed because the request ended (the client went
 			// away, a server timeout) or had too little time left to run it
 			// (the Reader refuses a query it cannot finish before the
 			// context's deadline, while the context is still live), not
 			// because the archive is down: FailOpen must not run a key the
-			// archive may hold.
+			// archive may hold. Nor does an archive that can never answer
+			// (archive.ErrMisconfigured): FailOpen would run every key.
 			m.release(ctx, scoped, fp, token)
 			m.archiveUnavailable(w, r)
 			return

@@ -904,6 +904,10 @@ func TestNegativeSettingsAreRefused(t *testing.T) {
 	}
 	_, err := idempotency.New(idempotency.Config{Store: b.store, SingleTenant: true, ArchiveTimeout: idempotency.MinArchiveTimeout})
 	require.NoError(t, err)
+	// A nil store pointer would panic on the first request.
+	var store *livestore.Postgres
+	_, err = idempotency.New(idempotency.Config{Store: store, SingleTenant: true})
+	require.ErrorContains(t, err, "idempotency: Store is a nil *livestore.Postgres")
 }
 
 // A completed Redis hash whose status no writer of this package leaves

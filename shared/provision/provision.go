@@ -577,8 +577,11 @@ func revokeMoved(ctx context.Context, tx pgx.Tx, u User, previous Users) error {
 
 // revokeDropped revokes from a function's user that this deploy names no
 // more the role the previous deploy gave it, unless it is the migrating user
-// or a privileged role, or does not exist.
-func revokeDropped(ctx context.Context, tx pgx.Tx, old User, logger *slog.Logger) error {
+// or a privileged role, or does not exist, or (where iam: RDS) does not hold
+// rds_iam: no deploy made it. That is the rollback of an Update refused for
+// naming such a user (refuseForeign): its "previous" properties are the
+// refused ones, and a role an operator granted that user by hand stays.
+func revokeDropped(ctx context.Context, tx pgx.Tx, old User, iam bool, logger *slog.Logger) error {
 	var exists, canLogin, privileged bool
 	err := tx.QueryRow(ctx, privilegedSQL, old.Name).Scan(&exists, &canLogin, &privileged)
 	switch {
@@ -590,7 +593,27 @@ func revokeDropped(ctx context.Context, tx pgx.Tx, old User, logger *slog.Logger
 		logger.WarnContext(ctx, "the previous properties named the migrating user or a privileged role: its roles are left alone", "user", old.Name)
 		return nil
 	}
+	if iam {
+		has, err := holdsIAM(ctx, tx, old.Name)
+		if err != nil {
+			return err
+		}
+		if !has {
+			logger.WarnContext(ctx, "the previous properties named a user no deploy made (it does not hold "+IAMRole+"): its roles are left alone", "user", old.Name)
+			return nil
+		}
+	}
 	return revoke(ctx, tx, old.Role, old.Name, "whose name the previous deploy gave that role and this one gives no function")
+}
+
+// holdsIAM says whether user name holds rds_iam, directly or not: every
+// user a deploy makes or adopts on a server with rds_iam does.
+func holdsIAM(ctx context.Context, tx pgx.Tx, name string) (bool, error) {
+	var has bool
+	if err := tx.QueryRow(ctx, "SELECT pg_catalog.pg_has_role($1, '"+IAMRole+"', 'MEMBER')", name).Scan(&has); err != nil {
+		return false, fmt.Errorf("look up %s's roles: %w", name, err)
+	}
+	return has, nil
 }
 
 // directMemberSQL says whether role $2 is a direct member of role $1.
@@ -612,12 +635,9 @@ func refuseForeign(ctx context.Context, tx pgx.Tx, u User, previous Users) error
 	if slices.ContainsFunc(previous.roles(), func(old User) bool { return old.Name == u.Name }) {
 		return nil
 	}
-	var hasIAM bool
-	if err := tx.QueryRow(ctx, "SELECT pg_catalog.pg_has_role($1, '"+IAMRole+"', 'MEMBER')", u.Name).Scan(&hasIAM); err != nil {
-		return fmt.Errorf("look up %s's roles: %w", u.Name, err)
-	}
-	if hasIAM {
-		return nil
+	hasIAM, err := holdsIAM(ctx, tx, u.Name)
+	if err != nil || hasIAM {
+		return err
 	}
 	return fmt.Errorf("user %s exists and no deploy made it (it does not hold %s, and the previous deploy did not name it): granting it %s would turn off its password sign-in; choose another name, or, if it is meant for this function and signs in with IAM, run GRANT %s TO %s first",
 		u.Name, IAMRole, IAMRole, IAMRole, pgx.Identifier{u.Name}.Sanitize())
@@ -767,7 +787,7 @@ func ensureUsers(ctx context.Context, conn *pgx.Conn, users, previous Users, may
 			out = append(out, u)
 		}
 		for _, old := range dropped {
-			if err := revokeDropped(ctx, tx, old, logger); err != nil {
+			if err := revokeDropped(ctx, tx, old, iam, logger); err != nil {
 				return err
 			}
 		}
