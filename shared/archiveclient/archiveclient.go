@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"time"
 
@@ -61,7 +62,7 @@ type Lambda struct {
 // would run every key, those the archive holds included).
 func (l Lambda) Validate() error {
 	switch {
-	case l.Client == nil:
+	case l.Client == nil || nilPointer(l.Client):
 		return errors.New("archiveclient: Client is not set")
 	case l.FunctionName == "":
 		return errors.New("archiveclient: FunctionName is not set")
@@ -207,4 +208,11 @@ func readRecord(raw json.RawMessage, scopedKey string) (archive.Record, error) {
 // given reports whether a member was present with a value other than null.
 func given(raw json.RawMessage) bool {
 	return len(raw) > 0 && string(raw) != "null"
+}
+
+// nilPointer reports whether v is a nil pointer in a non-nil interface (a
+// *lambda.Client declared and never made), which would panic on Invoke.
+func nilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }

@@ -52,9 +52,10 @@ func TestANegativeTimeoutIsRefusedBeforeAnyRequest(t *testing.T) {
 	t.Parallel()
 	f := &ctxFunction{function{out: archived}}
 	for name, c := range map[string]archiveclient.Lambda{
-		"negative Timeout": {Client: f, FunctionName: "lookup", Timeout: -time.Second},
-		"no FunctionName":  {Client: f},
-		"no Client":        {FunctionName: "lookup"},
+		"negative Timeout":   {Client: f, FunctionName: "lookup", Timeout: -time.Second},
+		"no FunctionName":    {Client: f},
+		"no Client":          {FunctionName: "lookup"},
+		"nil *lambda.Client": {Client: (*lambda.Client)(nil), FunctionName: "lookup"},
 	} {
 		_, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
 		require.Error(t, err, name)
@@ -136,11 +137,12 @@ func TestAMisconfiguredClientBehindADecoratorNeverFailsOpen(t *testing.T) {
 	t.Parallel()
 	f := &ctxFunction{function{out: archived}}
 	for name, a := range map[string]idempotency.Archive{
-		"negative Timeout": tracedArchive{archiveclient.Lambda{Client: f, FunctionName: "lookup", Timeout: -time.Second}},
-		"no FunctionName":  tracedArchive{archiveclient.Lambda{Client: f}},
-		"no Client":        tracedArchive{archiveclient.Lambda{FunctionName: "lookup"}},
-		"bare error":       errArchive{archive.ErrMisconfigured},
-		"wrapped error":    errArchive{fmt.Errorf("tracing: %w", archive.ErrMisconfigured)},
+		"negative Timeout":   tracedArchive{archiveclient.Lambda{Client: f, FunctionName: "lookup", Timeout: -time.Second}},
+		"no FunctionName":    tracedArchive{archiveclient.Lambda{Client: f}},
+		"no Client":          tracedArchive{archiveclient.Lambda{FunctionName: "lookup"}},
+		"nil *lambda.Client": tracedArchive{archiveclient.Lambda{Client: (*lambda.Client)(nil), FunctionName: "lookup"}},
+		"bare error":         errArchive{archive.ErrMisconfigured},
+		"wrapped error":      errArchive{fmt.Errorf("tracing: %w", archive.ErrMisconfigured)},
 	} {
 		mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: a, SingleTenant: true,
 			OnArchiveError: idempotency.FailOpen})

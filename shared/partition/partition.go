@@ -222,6 +222,12 @@ func (p Partition) Foreign() string {
 // readable reports whether p's From and To are its real bounds.
 func (p Partition) readable() bool { return !p.Default && !p.unreadable }
 
+// Readable reports whether p's From and To are its real bounds (zero then
+// meaning MINVALUE or MAXVALUE), not unknown: false for a DEFAULT
+// partition and for a bound this package does not read ('infinity', a BC
+// date, a year past 9999).
+func (p Partition) Readable() bool { return p.readable() }
+
 func isMonth(from, to time.Time) bool {
 	return !from.IsZero() && from.Equal(MonthStart(from)) && to.Equal(from.AddDate(0, 1, 0))
 }

@@ -599,7 +599,9 @@ func revokeDropped(ctx context.Context, tx pgx.Tx, old User, iam bool, logger *s
 			return err
 		}
 		if !has {
-			logger.WarnContext(ctx, "the previous properties named a user no deploy made (it does not hold "+IAMRole+"): its roles are left alone", "user", old.Name)
+			logger.WarnContext(ctx, "the previous properties named a user that does not hold "+IAMRole+
+				" (no deploy made it, or one made it before the server had "+IAMRole+"): its roles are left alone; revoke "+old.Role+" from it by hand if a deploy made it",
+				"user", old.Name, "role", old.Role)
 			return nil
 		}
 	}

@@ -141,11 +141,12 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 		if p.To.After(newest) {
 			newest = p.To
 		}
-		endless = endless || p.To.IsZero()
+		endless = endless || (p.Readable() && p.To.IsZero())
 		if problem := p.Foreign(); problem != "" && overlaps(p, current, current.AddDate(0, 3, 0)) {
 			// It may cover these months, but the manager cannot create,
 			// retire or compact the months it overlaps: every partitions
-			// run fails on it.
+			// run fails on it. Bounds it cannot read ('infinity') count
+			// as overlapping: which months they hold is unknown here.
 			foreign = true
 			advice = append(advice, fmt.Sprintf("%s: %s", p.Name, problem))
 		}
