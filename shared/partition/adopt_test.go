@@ -382,7 +382,10 @@ func TestATableDetachedWhileARunIndexesItIsAdoptedWhenAttachedAgain(t *testing.T
 	t.Parallel()
 	db, _ := managedArchive(t)
 	ctx := context.Background()
-	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
+	// The run's connections are named, so that its adoption is told from
+	// those of other tests' schemas in the same database.
+	app := "adopt " + db.Schema
+	m := newManager(t, db.NewPool(t, dbtest.WithParam("application_name", app)), partition.Config{Now: at(decNow)})
 
 	// GIVEN a table attached by hand and adopted by a run with no budget
 	// left for the plain-key maintenance (its range stays pending)
@@ -408,6 +411,10 @@ func TestATableDetachedWhileARunIndexesItIsAdoptedWhenAttachedAgain(t *testing.T
 	require.NoError(t, err)
 	writer, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
+	// A failure below must not leave the writer's connection out of the
+	// pool: the pool's cleanup would wait for it until the test timeout,
+	// hiding the failure.
+	t.Cleanup(func() { _ = writer.Rollback(context.Background()) })
 	_, err = writer.Exec(ctx, "LOCK TABLE hand_busy IN ROW EXCLUSIVE MODE")
 	require.NoError(t, err)
 
@@ -420,10 +427,10 @@ func TestATableDetachedWhileARunIndexesItIsAdoptedWhenAttachedAgain(t *testing.T
 	}()
 	require.Eventually(t, func() bool {
 		return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity
-			WHERE query LIKE '%idempotency_archive_adopt_partition%' AND pid <> pg_backend_pid() AND state = 'active'`) > 0
+			WHERE query LIKE '%idempotency_archive_adopt_partition%' AND application_name = $1 AND state = 'active'`, app) > 0
 	}, 20*time.Second, 10*time.Millisecond)
 	_, err = db.Pool.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION hand_range")
-	require.NoError(t, err)
+	require.NoError(t, err, "detach hand_range beside the run")
 	require.ErrorIs(t, <-done, partition.ErrIncomplete, "the busy month is reported")
 	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_archive_plain_keys_pending"),
 		"the run finished the range without the detached table's rows")
