@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"reflect"
 	"strconv"
 	"strings"
 
@@ -311,34 +310,9 @@ func (e payloadError) Is(target error) bool { return target == lookupapi.ErrBadR
 // code's internals, not the client's.
 func badPayload(err error) error {
 	if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) {
-		err = fmt.Errorf("%s: expected %s, got %s", cmp.Or(te.Field, "the payload"), jsonKind(te.Type), te.Value)
+		err = fmt.Errorf("%s: expected %s, got %s", cmp.Or(te.Field, "the payload"), strictjson.Kind(te.Type), te.Value)
 	}
 	return payloadError{err}
-}
-
-// jsonKind names the JSON value a Go type decodes from.
-func jsonKind(t reflect.Type) string {
-	if t == nil {
-		return "another value"
-	}
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "a boolean"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number in range"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	case reflect.Map, reflect.Struct:
-		return "an object"
-	case reflect.Pointer:
-		return jsonKind(t.Elem())
-	}
-	return "another value"
 }
 
 // lazyReader opens the pool on the first lookup of the execution environment

@@ -142,9 +142,9 @@ func TestAWrongJSONTypeIsSaidWithoutGoNames(t *testing.T) {
 	b := setup(t)
 	for _, tc := range []struct{ payload, detail string }{
 		{`{"scoped_key": 12}`, "scoped_key: expected a string, got number"},
-		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": "ten"}`, "limit: expected a whole number in range, got string"},
-		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": 2.5}`, "limit: expected a whole number in range, got number 2.5"},
-		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": 1e99}`, "limit: expected a whole number in range, got number 1e99"},
+		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": "ten"}`, "limit: expected a whole number in range, in digits, got string"},
+		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": 2.5}`, "limit: expected a whole number in range, in digits, got number 2.5"},
+		{`{"action": "query", "scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2027-01-01T00:00:00Z", "limit": 1e99}`, "limit: expected a whole number in range, in digits, got number 1e99"},
 		{`["idem:v1:probe"]`, "the payload: expected an object, got array"},
 	} {
 		var resp struct {

@@ -15,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 
@@ -225,7 +224,7 @@ func DecodeInput(payload []byte, v any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) && te.Field != "" {
-			return fmt.Errorf("invalid options: %s must be %s, got %s", te.Field, wantKind(te.Type), te.Value)
+			return fmt.Errorf("invalid options: %s must be %s, got %s", te.Field, strictjson.Kind(te.Type), te.Value)
 		}
 		return fmt.Errorf("invalid options: %w", err)
 	}
@@ -247,25 +246,6 @@ func jsonKind(value []byte) string {
 		return "null"
 	}
 	return "a number"
-}
-
-// wantKind names in JSON's terms what an option of type t takes.
-func wantKind(t reflect.Type) string {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch t.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number written in digits (no fraction or exponent), within range"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	}
-	return "another JSON kind"
 }
 
 // Raw adapts a scheduled function's handler to aws-lambda-go's Handler, so

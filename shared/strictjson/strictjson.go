@@ -203,3 +203,31 @@ func fold(s string) string {
 	}
 	return b.String()
 }
+
+// Kind names, in JSON's terms, the value a Go type decodes from: for
+// messages about a json.UnmarshalTypeError that must not name Go's types.
+// A whole number must be written in digits: encoding/json refuses 1e2 and
+// 100.0 for an integer.
+func Kind(t reflect.Type) string {
+	if t == nil {
+		return "another value"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number in range, in digits"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return Kind(t.Elem())
+	}
+	return "another value"
+}
