@@ -580,7 +580,9 @@ func revokeMoved(ctx context.Context, tx pgx.Tx, u User, previous Users) error {
 // or a privileged role, or does not exist, or (where iam: RDS) does not hold
 // rds_iam: no deploy made it. That is the rollback of an Update refused for
 // naming such a user (refuseForeign): its "previous" properties are the
-// refused ones, and a role an operator granted that user by hand stays.
+// refused ones, and a role an operator granted that user by hand stays. A
+// user a deploy made before the server had rds_iam looks the same and
+// keeps its role too; the warning names the role to revoke by hand.
 func revokeDropped(ctx context.Context, tx pgx.Tx, old User, iam bool, logger *slog.Logger) error {
 	var exists, canLogin, privileged bool
 	err := tx.QueryRow(ctx, privilegedSQL, old.Name).Scan(&exists, &canLogin, &privileged)
