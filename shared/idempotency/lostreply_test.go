@@ -49,6 +49,8 @@ func TestARegistrationLeftWaitingOnASweepIsReleased(t *testing.T) {
 		require.NoError(t, err)
 		_, err = tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE scoped_key = $1`, scoped)
 		require.NoError(t, err)
+		var batchPID, waiter int32
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&batchPID))
 
 		// WHEN a retry's registration waits on that batch's lock, its
 		// client goes away, and the batch commits
@@ -61,10 +63,11 @@ func TestARegistrationLeftWaitingOnASweepIsReleased(t *testing.T) {
 			srv.ServeHTTP(w, r)
 			done <- w
 		}()
+		// (Blocked by this batch: other tests' statements in the same
+		// database do not count.)
 		require.Eventually(t, func() bool {
-			var n int
-			_ = b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idempotency_keys%'`).Scan(&n)
-			return n > 0
+			return b.db.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+				WHERE $1 = ANY (pg_blocking_pids(pid)) AND query LIKE '%INSERT INTO idempotency_keys%' LIMIT 1`, batchPID).Scan(&waiter) == nil
 		}, 10*time.Second, 2*time.Millisecond, "the retry's insert waits on the batch's lock")
 		cancel()
 		require.NoError(t, tx.Commit(ctx))
@@ -75,9 +78,9 @@ func TestARegistrationLeftWaitingOnASweepIsReleased(t *testing.T) {
 		require.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
 		require.Eventually(t, func() bool {
 			var n int
-			_ = b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'`).Scan(&n)
+			_ = b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, waiter).Scan(&n)
 			return n == 0
-		}, 10*time.Second, 5*time.Millisecond)
+		}, 10*time.Second, 5*time.Millisecond, "the retry's insert no longer waits")
 		time.Sleep(50 * time.Millisecond) // a connection pgx closed finishes its statement
 		var live int
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE scoped_key = $1`, scoped).Scan(&live))

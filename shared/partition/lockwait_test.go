@@ -41,6 +41,8 @@ func TestARunStartedDuringACompactionWaitsForIt(t *testing.T) {
 			defer func() { _ = writer.Rollback(ctx) }()
 			_, err = writer.Exec(ctx, "LOCK TABLE idempotency_key_archive_2026_09 IN ROW EXCLUSIVE MODE")
 			require.NoError(t, err)
+			var writerPID int32
+			require.NoError(t, writer.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&writerPID))
 			var wg sync.WaitGroup
 			var first partition.Result
 			var errFirst, errSecond error
@@ -51,7 +53,7 @@ func TestARunStartedDuringACompactionWaitsForIt(t *testing.T) {
 			}()
 			require.Eventually(t, func() bool {
 				return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity
-					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'REINDEX%'`) > 0
+					WHERE $1 = ANY (pg_blocking_pids(pid)) AND query LIKE 'REINDEX%'`, writerPID) > 0
 			}, 30*time.Second, 10*time.Millisecond, "the rebuild waits for the writer")
 
 			// WHEN a second one starts, and the writer then ends

@@ -68,6 +68,8 @@ func TestARangeMarkedAgainDuringABatchKeepsItsReset(t *testing.T) {
 	_, err = op.Exec(ctx, `INSERT INTO idempotency_archive_plain_keys_pending (expired_from, expired_to) VALUES ($1, $2)
 		ON CONFLICT (expired_from, expired_to) DO UPDATE SET after_key = '', after_expired_at = '-infinity'`, month, month.AddDate(0, 1, 0))
 	require.NoError(t, err)
+	var opPID int32
+	require.NoError(t, op.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&opPID))
 
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -81,7 +83,7 @@ func TestARangeMarkedAgainDuringABatchKeepsItsReset(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool {
 		return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE idempotency_archive_plain_keys_pending%'`) > 0
+			WHERE $1 = ANY (pg_blocking_pids(pid)) AND query LIKE '%UPDATE idempotency_archive_plain_keys_pending%'`, opPID) > 0
 	}, 10*time.Second, 20*time.Millisecond, "Index's batch waits for the operator's row")
 	require.NoError(t, op.Commit(ctx))
 	require.NoError(t, <-done)
