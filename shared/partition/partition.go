@@ -941,6 +941,14 @@ DELETE FROM idempotency_archive_recorded_partitions r
 	// interrupted (no query sees its rows, and adoption cannot help: the
 	// manager finalizes and attaches again only months, the archive's own
 	// partitions, which are not listed here).
+	//
+	// The checks run on the tree's members only, which pg_partition_tree
+	// has locked: idempotency_archive_partition_triggered deparses
+	// triggers, which opens their tables, and one of another schema's
+	// tables being dropped fails that ("could not open relation with
+	// OID"). Written as a filter on pg_class, a hash join evaluated them
+	// for every relation of the database. OFFSET 0 keeps the planner from
+	// moving them out of the subquery.
 	unadoptedSQL = `
 SELECT c.oid, c.relname,
        CASE WHEN NOT idempotency_archive_partition_recorded(c.oid)
@@ -948,11 +956,13 @@ SELECT c.oid, c.relname,
             ELSE 'lacks a recording trigger (or one is disabled, replica-only, not what its name says, or was turned off and on again since it was adopted): rows written into it by name, or moved out of it, are not recorded'
        END,
        false
-  FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
-  JOIN pg_class c ON c.oid = t.relid
- WHERE t.level >= 1
-   AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = t.relid AND i.inhdetachpending)
-   AND NOT (idempotency_archive_partition_recorded(c.oid) AND idempotency_archive_partition_triggered(c.oid))
+  FROM (SELECT t.relid
+          FROM pg_partition_tree(to_regclass('idempotency_key_archive')) t
+         WHERE t.level >= 1
+           AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = t.relid AND i.inhdetachpending)
+           AND NOT (idempotency_archive_partition_recorded(t.relid) AND idempotency_archive_partition_triggered(t.relid))
+        OFFSET 0) AS u
+  JOIN pg_class c ON c.oid = u.relid
 UNION ALL
 SELECT c.oid, c.relname,
        format('detach-pending from %s (an interrupted DETACH ... CONCURRENTLY): no query sees its rows; run ALTER TABLE %s DETACH PARTITION %s FINALIZE, then ATTACH it again',
