@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/lookupapi"
@@ -204,7 +205,7 @@ func TestKeysWithAwkwardCharacters(t *testing.T) {
 func TestBadInputIsA4xxProblem(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	long := strings.Repeat("k", 600)
+	long := strings.Repeat("k", archive.MaxScopedKeyBytes+1)
 	nulCursor := base64.RawURLEncoding.EncodeToString([]byte(`{"k":"a\u0000b","e":"2026-01-01T00:00:00Z"}`))
 	window := map[string]string{"scope_prefix": "idem:", "created_from": "2026-01-01T00:00:00Z", "created_to": "2026-02-01T00:00:00Z"}
 	with := func(k, v string) map[string]string {

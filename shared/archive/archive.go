@@ -108,8 +108,13 @@ func marginBefore(left time.Duration) time.Duration {
 // key; a writer whose keys expire later than that records every row.
 const PromptSpan = 192 * time.Hour
 
-// MaxScopedKeyBytes bounds scoped keys accepted for lookup.
-const MaxScopedKeyBytes = 512
+// MaxScopedKeyBytes bounds the scoped keys lookups accept, and scope
+// prefixes: the longest key the archive holds. The sweeper archives no key
+// over it (batch.sql), whichever writer stored it, so a longer key is never
+// archived and is refused (ErrInvalidKey), while every archived key can be
+// looked up by the key an investigation lists. The middleware's own keys
+// are shorter (idempotency.MaxScopedKeyBytes).
+const MaxScopedKeyBytes = 2000
 
 // InFlightStatus is the status_code of a key that expired before its request
 // completed.

@@ -54,6 +54,35 @@ func TestACursorOfAKeyJSONEscapesIsAccepted(t *testing.T) {
 	require.Equal(t, keys, got)
 }
 
+// Every key the archive holds can be looked up by the key an investigation
+// lists: the sweeper archives keys of up to 2,000 bytes from any writer (the
+// middleware's own are at most 512), so lookups accept as many. Before, a
+// key over 512 bytes was listed, and its lookup answered "invalid key".
+func TestEveryArchivedKeyCanBeLookedUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	x := time.Date(2026, 11, 10, 10, 0, 0, 0, time.UTC)
+	keys := []string{
+		"idem:v1:" + strings.Repeat("k", 600),
+		"idem:v1:" + strings.Repeat("m", archive.MaxScopedKeyBytes-len("idem:v1:")),
+		"idem:v1:" + strings.Repeat("t", archive.MaxScopedKeyBytes-len("idem:v1::")-26) + ":" + dbtest.ULID(x, ""),
+	}
+	for _, k := range keys {
+		dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: k, Status: 201, ResourceID: ptr("ch_long"), CreatedAt: x, ExpiredAt: x.Add(24 * time.Hour)})
+	}
+	r := newReader(t, b.reader, nil)
+	listed := pages(t, r, archive.Query{ScopePrefix: "idem:v1:", CreatedFrom: x.Add(-time.Hour), CreatedTo: x.Add(time.Hour), Limit: 1})
+	require.Len(t, listed, len(keys))
+	for _, k := range listed {
+		rec, err := r.Lookup(ctx, k, nil)
+		require.NoError(t, err, "a key of %d bytes", len(k))
+		require.Equal(t, 201, rec.Status)
+	}
+	_, err := r.Lookup(ctx, strings.Repeat("k", archive.MaxScopedKeyBytes+1), nil)
+	require.ErrorIs(t, err, archive.ErrInvalidKey, "no key over the sweeper's bound is archived")
+}
+
 // A cursor continues only the query that issued it. One issued under a
 // broader prefix, whose key also starts with a narrower one, or under a
 // narrower prefix and then used with a broader one, or under another

@@ -97,6 +97,11 @@ const (
 // MaxKeyBytes bounds the client's key.
 const MaxKeyBytes = 255
 
+// MaxScopedKeyBytes bounds the middleware's scoped keys (the tenant scope
+// and the client's key together), well within what the archive holds
+// (archive.MaxScopedKeyBytes).
+const MaxScopedKeyBytes = 512
+
 // State of a live entry.
 type State int
 
@@ -616,9 +621,9 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			}
 		}
 		scoped := ScopedKey(tenant, key)
-		if len(scoped) > archive.MaxScopedKeyBytes {
+		if len(scoped) > MaxScopedKeyBytes {
 			m.problem(w, r, http.StatusBadRequest, "idempotency_key_invalid",
-				fmt.Sprintf("the tenant scope and the key together exceed %d bytes", archive.MaxScopedKeyBytes), nil)
+				fmt.Sprintf("the tenant scope and the key together exceed %d bytes", MaxScopedKeyBytes), nil)
 			return
 		}
 		m.serve(w, r, next, scoped, Fingerprint(r.Method, RequestTarget(r.URL), body))

@@ -38,7 +38,7 @@ func TestBadInvestigationInputIsA4xxWhateverTheDatabase(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var resp lookupapi.Response
 		if q == nil {
-			long := make([]byte, 600)
+			long := make([]byte, archive.MaxScopedKeyBytes+1)
 			for i := range long {
 				long[i] = 'k'
 			}

@@ -9,6 +9,9 @@
 //	GET .../v1/archive/lookup?scoped_key=KEY&fingerprint=HEX
 //	GET .../v1/archive/keys?scope_prefix=P&created_from=T&created_to=T&limit=N&cursor=C
 //
+// A query parameter a route does not take is refused (400), as is a direct
+// payload's member of the other action.
+//
 // Answers are JSON; errors are application/problem+json (RFC 9457) with a
 // stable machine code. Every error kind maps to its status in one table
 // (problems); anything else is a 500 whose body says nothing about the cause,
@@ -23,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -160,7 +164,7 @@ func (a *API) ErrorResponse(ctx context.Context, err error, requestID string) Re
 	p := a.ProblemFor(ctx, err, requestID)
 	resp := a.encode(ctx, requestID, p.Status, problem.ContentType, p)
 	if errors.Is(err, ErrMethodNotAllowed) {
-		resp.Headers["Allow"] = http.MethodGet
+		resp.Headers["Allow"] = "GET, HEAD"
 	}
 	return resp
 }
@@ -172,21 +176,49 @@ func (a *API) route(ctx context.Context, r Request) (any, error) {
 	}
 	rest := r.Path[i:]
 	var handler func() (any, error)
+	var params []string
 	switch {
 	case strings.HasPrefix(rest, keysRoute+"/"):
 		key := strings.TrimPrefix(rest, keysRoute+"/")
 		handler = func() (any, error) { return a.lookup(ctx, key, r.Query["fingerprint"]) }
+		params = []string{"fingerprint"}
 	case rest == keysRoute:
 		handler = func() (any, error) { return a.investigate(ctx, r.Query) }
+		params = queryParams
 	case rest == lookupRoute:
 		handler = func() (any, error) { return a.lookup(ctx, r.Query["scoped_key"], r.Query["fingerprint"]) }
+		params = []string{"scoped_key", "fingerprint"}
 	default:
 		return nil, ErrRouteNotFound
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return nil, ErrMethodNotAllowed
 	}
+	if err := onlyParams(r.Query, params); err != nil {
+		return nil, err
+	}
 	return handler()
+}
+
+// queryParams are the investigation's query parameters.
+var queryParams = []string{"scope_prefix", "created_from", "created_to", "limit", "cursor"}
+
+// onlyParams refuses a query parameter the route does not take, in any
+// letter case: dropped, a misspelt "Cursor" would answer page one again,
+// for ever, a "Limit" a page of the default size, and a "Fingerprint" an
+// answer that says nothing of the fingerprint, each as if asked for.
+func onlyParams(q map[string]string, params []string) error {
+	var unknown []string
+	for name := range q {
+		if !slices.Contains(params, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	return badRequest(fmt.Sprintf("unknown query parameter %q: this route takes %s", unknown[0], strings.Join(params, ", ")))
 }
 
 func (a *API) lookup(ctx context.Context, key, fingerprintHex string) (archive.Record, error) {
@@ -317,11 +349,19 @@ func (a *API) Direct(ctx context.Context, r DirectRequest, requestID string) Dir
 	var err error
 	switch r.Action {
 	case "", "lookup":
+		if m := r.queryMember(); m != "" {
+			err = badRequest(m + ` belongs to "action": "query"; a lookup takes scoped_key and fingerprint`)
+			break
+		}
 		var rec archive.Record
 		if rec, err = a.lookup(ctx, r.ScopedKey, r.Fingerprint); err == nil {
 			return DirectResponse{Status: http.StatusOK, Record: &rec}
 		}
 	case "query":
+		if r.ScopedKey != "" || r.Fingerprint != "" {
+			err = badRequest(`scoped_key and fingerprint belong to a lookup; "action": "query" takes ` + strings.Join(queryParams, ", "))
+			break
+		}
 		q := map[string]string{"scope_prefix": r.ScopePrefix, "created_from": r.CreatedFrom, "created_to": r.CreatedTo, "cursor": r.Cursor}
 		if r.Limit != nil {
 			q["limit"] = strconv.Itoa(*r.Limit)
@@ -334,6 +374,25 @@ func (a *API) Direct(ctx context.Context, r DirectRequest, requestID string) Dir
 		err = badRequest(`action must be "lookup" or "query"`)
 	}
 	return a.DirectProblem(ctx, err, requestID)
+}
+
+// queryMember names a member of the investigation's the request sets, or
+// returns "": a lookup that carries one was most likely meant as a query
+// (its "action" forgotten), and is refused rather than answered without it.
+func (r DirectRequest) queryMember() string {
+	switch {
+	case r.ScopePrefix != "":
+		return "scope_prefix"
+	case r.CreatedFrom != "":
+		return "created_from"
+	case r.CreatedTo != "":
+		return "created_to"
+	case r.Limit != nil:
+		return "limit"
+	case r.Cursor != "":
+		return "cursor"
+	}
+	return ""
 }
 
 // DirectProblem answers a direct invocation with the problem err maps to.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/dbtest"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/partition"
@@ -933,7 +934,8 @@ func TestKeysTooLongForTheArchiveDoNotStallTheSweep(t *testing.T) {
 		longest = k
 	}
 	require.Greater(t, len(longest), 2000)
-	atLimit := incompressible(2000)
+	// At the bound lookups accept: every key a lookup accepts is archived.
+	atLimit := incompressible(archive.MaxScopedKeyBytes)
 	dbtest.InsertLive(t, b.db.Pool,
 		dbtest.LiveRow{Key: longest, Status: 201, ExpiresAt: time.Now().Add(-3 * time.Hour)},
 		dbtest.LiveRow{Key: atLimit, Status: 201, ExpiresAt: time.Now().Add(-3 * time.Hour)},
