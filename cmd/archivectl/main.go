@@ -475,6 +475,11 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 		// password. The error names where the URL came from.
 		return fmt.Errorf("%s is not a redis:// or rediss:// URL", source)
 	}
+	if opts.DB < 0 {
+		// go-redis selects a database only above 0: it would read
+		// database 0's hashes, and reconcile them, in the one named.
+		return fmt.Errorf("%s names Redis database %d: database numbers start at 0", source, opts.DB)
+	}
 	// go-redis logs each failed dial on stderr by itself, in its own
 	// format: the error it returns says the same, and errors are one line.
 	redis.SetLogger(discardRedisLog{})

@@ -192,3 +192,30 @@ func TestConcurrentRedisReconcilesCountEachHashArchivedOnce(t *testing.T) {
 	require.Equal(t, n, archived, "each hash counted archived by one run")
 	require.EqualValues(t, n, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive"))
 }
+
+// A Redis URL whose database number is negative (/-1, ?db=-5) is accepted
+// by redis.ParseURL, and go-redis then selects no database: the run would
+// reconcile database 0's hashes, archiving and expiring them, while naming
+// database -1. It is refused, as a URL that does not parse is.
+func TestRedisReconcileRefusesANegativeDatabase(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	recordRedisLease(t, db)
+	client, prefix := testenv.Redis(t)
+	keepHash(t, client, prefix, "idem:v1:db0")
+	for _, mangle := range []func(*url.URL){
+		func(u *url.URL) { u.Path = "/-1" },
+		func(u *url.URL) { u.Path = ""; u.RawQuery = "db=-5" },
+	} {
+		u, err := url.Parse(os.Getenv("REDIS_URL"))
+		require.NoError(t, err)
+		mangle(u)
+		r := cli(t, db, nil, "redis-reconcile", "--redis-url", u.String(), "--prefix", prefix, "--dry-run")
+		t.Logf("%s: exit %d stdout %q stderr %q", u, r.code, r.stdout, r.stderr)
+		require.Equal(t, exitError, r.code, "a negative Redis database number must be refused, not read as database 0: %s", u)
+		require.Contains(t, r.stderr, "--redis-url names Redis database -")
+		require.NotContains(t, r.stderr, u.Host, "the URL is not echoed")
+	}
+	require.Equal(t, time.Duration(-1), client.PTTL(context.Background(), prefix+"idem:v1:db0").Val())
+}

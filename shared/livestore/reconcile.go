@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -242,10 +243,21 @@ func (s *Redis) reconcileOne(ctx context.Context, hashKey string, h map[string]s
 	case h["has_rid"] == "1" && !storableText(h["rid"]):
 		return false, fmt.Errorf("a completed hash whose resource id %q is not UTF-8 or holds a NUL byte, which the archive cannot store: left alone", h["rid"])
 	}
+	e := entryFromHash(h)
 	if dryRun {
+		// Written and rolled back: a row the run could not write (its
+		// month's partition gone) fails the dry run as it fails the run.
+		err := pgx.BeginFunc(ctx, s.archive, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, redisArchiveSQL, key, e.Fingerprint, status, e.ResourceID, e.CreatedAt, e.ExpiresAt); err != nil {
+				return err
+			}
+			return errDryRun
+		})
+		if !errors.Is(err, errDryRun) {
+			return false, fmt.Errorf("write its archive row under %q (expired %s): %w", key, e.ExpiresAt.Format(time.RFC3339), err)
+		}
 		return true, nil
 	}
-	e := entryFromHash(h)
 	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, e.Fingerprint, status, e.ResourceID, e.CreatedAt, e.ExpiresAt); err != nil {
 		return false, fmt.Errorf("write its archive row under %q (expired %s): %w", key, e.ExpiresAt.Format(time.RFC3339), err)
 	}
@@ -268,6 +280,9 @@ func (s *Redis) reconcileOne(ctx context.Context, hashKey string, h map[string]s
 	return false, nil
 }
 
+// errDryRun rolls back a dry run's archive row.
+var errDryRun = errors.New("dry run")
+
 // storableText says whether PostgreSQL's text (UTF-8 server encoding) can
 // hold s: valid UTF-8 without a NUL byte.
 func storableText(s string) bool {
@@ -280,7 +295,9 @@ func storableText(s string) bool {
 // is a key the middleware scopes.
 func (s *Redis) archivedKey(hashKey string, h map[string]string) (string, error) {
 	if key, ok := h["key"]; ok {
-		if s.prefix+key != hashKey {
+		// A request's outcome kept aside (keepLost) is archived as the
+		// key's own hash is.
+		if s.prefix+key != hashKey && s.aside(key) != hashKey {
 			return "", fmt.Errorf("a hash that records the key %q, which is not its name less the prefix %q: left alone (is the prefix the store's own?)", key, s.prefix)
 		}
 		return key, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -91,7 +92,13 @@ func NewRedis(client *redis.Client, archivePool *pgxpool.Pool, prefix string) *R
 // older writers, matched as an empty token), key (the scoped key, which
 // Reconcile archives the hash under; absent in hashes of older writers).
 var (
+	// redisRegister answers the key's hash, or, where there is none, the
+	// outcome kept aside (KEYS[2], see keepLost), made the key's hash again
+	// (RENAME keeps its expiry, or its lack of one), or registers the key.
 	redisRegister = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('RENAME', KEYS[2], KEYS[1])
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local h = redis.call('HGETALL', KEYS[1])
   table.insert(h, 'pttl')
@@ -127,16 +134,21 @@ return 0`)
 
 	// redisKeepLost writes back, completed and without expiry, the hash of
 	// a request whose hash was lost and whose archive row could not be
-	// written: only while the key is absent, so that another request's
-	// registration made since is never overwritten. ARGV: fp, created,
+	// written (1). Where another request has registered the key since, it
+	// writes it aside instead (KEYS[2], 2), never over that registration,
+	// unless another outcome is aside already (0). ARGV: fp, created,
 	// expires, reg, key, status, body, ct, rid, has_rid.
 	redisKeepLost = redis.NewScript(`
+local dest, kept = KEYS[1], 1
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
+  if redis.call('EXISTS', KEYS[2]) == 1 and (redis.call('HGET', KEYS[2], 'reg') or '') ~= ARGV[4] then
+    return 0
+  end
+  dest, kept = KEYS[2], 2
 end
-redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'completed', 'created', ARGV[2], 'expires', ARGV[3], 'reg', ARGV[4], 'key', ARGV[5],
+redis.call('HSET', dest, 'fp', ARGV[1], 'state', 'completed', 'created', ARGV[2], 'expires', ARGV[3], 'reg', ARGV[4], 'key', ARGV[5],
            'status', ARGV[6], 'body', ARGV[7], 'ct', ARGV[8], 'rid', ARGV[9], 'has_rid', ARGV[10])
-return 1`)
+return kept`)
 
 	redisRelease = redis.NewScript(`
 if redis.call('HGET', KEYS[1], 'state') == 'in_flight' and redis.call('HGET', KEYS[1], 'fp') == ARGV[1]
@@ -151,6 +163,11 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	if err := req.Validate(); err != nil {
 		return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 	}
+	if strings.IndexByte(req.Key, 0) >= 0 {
+		// The archive cannot hold it, and its hash could be named like
+		// another key's outcome kept aside (asideSuffix).
+		return idempotency.Registration{}, errors.New("register idempotency key: the key holds a NUL byte")
+	}
 	if req.TTL > MaxRedisTTL {
 		return idempotency.Registration{}, fmt.Errorf("register idempotency key: the Redis store's TTL must be at most %s (its archive rows go into a month that must already have a partition), got %s", MaxRedisTTL, req.TTL)
 	}
@@ -164,16 +181,21 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	if _, ahead := keytime.Ahead(req.Key, now, req.ClockSkew); ahead {
 		// Not stored under this writer's skew. A writer that allows more
 		// may have stored it: its entry is the answer.
-		var hget *redis.MapStringStringCmd
-		var pttl *redis.DurationCmd
+		var hget, agget *redis.MapStringStringCmd
+		var pttl, apttl *redis.DurationCmd
 		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			hget, pttl = p.HGetAll(ctx, s.prefix+req.Key), p.PTTL(ctx, s.prefix+req.Key)
+			agget, apttl = p.HGetAll(ctx, s.aside(req.Key)), p.PTTL(ctx, s.aside(req.Key))
 			return nil
 		})
 		if err != nil {
 			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 		}
 		h := hget.Val()
+		if len(h) == 0 {
+			// An outcome kept aside (keepLost) answers as the key's own.
+			h, pttl = agget.Val(), apttl
+		}
 		if len(h) == 0 {
 			return idempotency.Registration{Ahead: true}, nil
 		}
@@ -189,7 +211,7 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	// clock, and an absolute PEXPIREAT read by a Redis server whose clock is
 	// ahead by more than the TTL would drop the hash at once, and let the
 	// next identical request register it again.
-	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds(), req.Token, req.Key).Result()
+	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key, s.aside(req.Key)}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds(), req.Token, req.Key).Result()
 	if errors.Is(err, redis.Nil) {
 		e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}
 		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true, Token: req.Token}, nil
@@ -315,17 +337,28 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 			}
 		}
 		return ErrNotInFlight
-	case len(h) == 0 && archiveErr != nil && len(c.Token) > 0:
+	case (len(h) == 0 || h["reg"] != string(c.Token)) && archiveErr != nil && len(c.Token) > 0:
 		// This request's hash was lost and its outcome could not be
 		// archived: were nothing kept, a retry would find neither and run
 		// the operation again. Keep it in Redis, completed and without
 		// expiry, as when the archive fails with the hash there: the next
 		// attempt archives it and gives it back its expiry, or
-		// redis-reconcile does.
+		// redis-reconcile does. Where another request has registered the
+		// key since, it is kept aside: that request looked the key up in
+		// the same archive, which may have failed it too (it then released
+		// the key, never running), and the next registration takes up the
+		// outcome kept aside.
 		return s.keepLost(ctx, key, c, archiveErr)
 	case len(h) == 0 || e.State != idempotency.InFlight || string(e.Fingerprint) != string(c.Fingerprint) || h["reg"] != string(c.Token):
 		// Not this request's entry: it was lost, and maybe another request
-		// registered the key since. The operation ran all the same.
+		// registered the key since. The operation ran all the same. An
+		// earlier attempt may have kept its outcome aside: archived now, it
+		// may expire with its window.
+		if archiveErr == nil && len(c.Token) > 0 && !c.ExpiresAt.IsZero() {
+			if err := redisExpireArchived.Run(ctx, s.client, []string{s.aside(key)}, c.Token, s.remaining(c.ExpiresAt)).Err(); err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("complete idempotency key (its outcome is archived): give the outcome kept aside its expiry back: %w", err)
+			}
+		}
 		return completeLost(c, archiveErr)
 	}
 	if c.ExpiresAt.IsZero() {
@@ -388,24 +421,41 @@ func (s *Redis) remaining(expires time.Time) int64 {
 
 // keepLost writes the lost hash of this request back, completed and without
 // expiry (redisKeepLost), after its archive row failed (archiveErr). When
-// another request registered the key meanwhile, it keeps nothing: that
-// registration looked the key up in the archive, found nothing, and runs
-// the operation; nothing this request can write changes that.
+// another request registered the key meanwhile, the outcome is kept aside,
+// without expiry, under the key's name and asideSuffix: that registration
+// looked the key up in the archive, whose outage may have failed the
+// lookup too, and then released the key without running (the middleware's
+// default, FailClosed), or its handler failed. The next registration of
+// the key finds no hash and takes up the outcome kept aside as the key's
+// own (redisRegister), so a retry replays it rather than running the
+// operation again; the request's later attempt, or redis-reconcile,
+// archives it and gives it back its expiry. Were it dropped, the charge
+// would be recorded nowhere once the outage ended.
 func (s *Redis) keepLost(ctx context.Context, key string, c idempotency.Completion, archiveErr error) error {
 	rid, hasRID := "", "0"
 	if c.ResourceID != nil {
 		rid, hasRID = *c.ResourceID, "1"
 	}
-	kept, err := redisKeepLost.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.CreatedAt.UnixMilli(), c.ExpiresAt.UnixMilli(),
+	kept, err := redisKeepLost.Run(ctx, s.client, []string{s.prefix + key, s.aside(key)}, c.Fingerprint, c.CreatedAt.UnixMilli(), c.ExpiresAt.UnixMilli(),
 		c.Token, key, c.Status, c.Body, c.ContentType, rid, hasRID).Int()
 	switch {
 	case err != nil:
 		return fmt.Errorf("archive idempotency key at completion, its Redis entry lost: %w; keep it in Redis: %w", archiveErr, err)
 	case kept == 0:
 		return completeLost(c, archiveErr)
+	case kept == 2:
+		return fmt.Errorf("archive idempotency key at completion (its Redis entry was lost, and the key registered again since; its outcome is kept aside in Redis, without expiry until archived, for the registration after that one): %w", archiveErr)
 	}
 	return fmt.Errorf("archive idempotency key at completion (its Redis entry was lost; it is kept in Redis, completed, without expiry until archived): %w", archiveErr)
 }
+
+// asideSuffix ends the name of a key's outcome kept aside (keepLost). A
+// scoped key holds no NUL byte (Register refuses one), so no key's own hash
+// is named like another's outcome kept aside.
+const asideSuffix = "\x00aside"
+
+// aside is the Redis key of key's outcome kept aside.
+func (s *Redis) aside(key string) string { return s.prefix + key + asideSuffix }
 
 // completeLost answers the completion of a request whose hash is gone
 // (evicted, flushed, a failover to a replica that had not received it, or
