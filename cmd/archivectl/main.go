@@ -469,6 +469,13 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 	if *url == "" {
 		return errors.New("--redis-url or REDIS_URL is required")
 	}
+	if strings.ContainsAny(*url, "#") {
+		// A Redis URL has no fragment: a '#' is a password's, not
+		// percent-encoded, and what follows it would be cut off (the
+		// password's start then read as the port, and named in a dial
+		// error).
+		return fmt.Errorf("%s holds a '#': percent-encode it (%%23) in the password", source)
+	}
 	opts, err := redis.ParseURL(*url)
 	if err != nil {
 		// Not the URL itself, nor the parser's words on it: it may hold a

@@ -219,3 +219,16 @@ func TestRedisReconcileRefusesANegativeDatabase(t *testing.T) {
 	}
 	require.Equal(t, time.Duration(-1), client.PTTL(context.Background(), prefix+"idem:v1:db0").Val())
 }
+
+// A '#' in a Redis URL is a password's, not percent-encoded: parsed, it
+// would start a fragment, and the password's start be read as the port and
+// named in the dial error. The URL is refused without being echoed.
+func TestRedisReconcileRefusesAURLWithAHash(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	r := cli(t, db, map[string]string{"REDIS_URL": "redis://:1234#secret@127.0.0.1:6379/0"}, "redis-reconcile", "--prefix", "p:")
+	require.Equal(t, exitError, r.code)
+	require.Contains(t, r.stderr, "REDIS_URL holds a '#'")
+	require.NotContains(t, r.stderr, "1234")
+	require.NotContains(t, r.stderr, "secret")
+}
