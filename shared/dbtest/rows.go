@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemarchive/idemarchive/shared/database"
 )
 
 // LiveRow is a row of idempotency_keys for tests.
@@ -119,4 +121,40 @@ func ULID(ts time.Time, suffix string) string {
 func UUIDv7(ts time.Time, n uint64) string {
 	h := fmt.Sprintf("%012x", uint64(ts.UnixMilli()))
 	return fmt.Sprintf("%s-%s-7abc-9def-%012x", h[:8], h[8:12], n&(1<<48-1))
+}
+
+// InterruptDetach leaves the archive's partition table (a name on the
+// search_path, or a qualified one) detach-pending, as a DETACH ...
+// CONCURRENTLY cut short while it waited for a reader (by hand, or a
+// partitions run killed) does.
+func (db *DB) InterruptDetach(t testing.TB, table string) {
+	t.Helper()
+	ctx := context.Background()
+	fail := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("interrupt the detach of %s: %s: %v", table, what, err)
+		}
+	}
+	reader, err := db.Pool.Begin(ctx)
+	fail("begin the reader", err)
+	defer func() { _ = reader.Rollback(ctx) }()
+	_, err = reader.Exec(ctx, "SELECT count(*) FROM idempotency_key_archive")
+	fail("read", err)
+	conn, err := db.Pool.Acquire(ctx)
+	fail("acquire", err)
+	defer conn.Release()
+	// Phase 1 commits; phase 2 waits for the reader, and the timeout cuts it.
+	_, err = conn.Exec(ctx, "SET statement_timeout = '1s'")
+	fail("set statement_timeout", err)
+	_, err = conn.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION "+table+" CONCURRENTLY")
+	if database.SQLState(err) != database.CodeQueryCanceled {
+		t.Fatalf("interrupt the detach of %s: want a statement timeout, got %v", table, err)
+	}
+	_, err = conn.Exec(ctx, "RESET statement_timeout")
+	fail("reset statement_timeout", err)
+	fail("end the reader", reader.Rollback(ctx))
+	if n := Count(t, db.Pool, "SELECT count(*) FROM pg_inherits WHERE inhdetachpending AND inhrelid = to_regclass($1)", table); n != 1 {
+		t.Fatalf("the detach of %s should be pending", table)
+	}
 }

@@ -191,13 +191,13 @@ func listPKs(ctx context.Context, conn *pgx.Conn, tbl table) (map[string]pkIndex
 }
 
 // closedMonths returns the partitions that may be compacted, newest first:
-// whole UTC months, attached, not retired by this run, ending at or before
-// the start of the month before now's.
+// whole UTC months, attached, in the archive's schema, not retired by this
+// run, ending at or before the start of the month before now's.
 func closedMonths(parts []Partition, retiring map[string]bool, now time.Time) []Partition {
 	limit := MonthStart(now).AddDate(0, -1, 0)
 	var out []Partition
 	for _, p := range parts {
-		if p.readable() && !p.DetachPending && isMonth(p.From, p.To) && !p.To.After(limit) && !retiring[p.Name] {
+		if p.readable() && !p.DetachPending && p.elsewhere == "" && isMonth(p.From, p.To) && !p.To.After(limit) && !retiring[p.Name] {
 			out = append(out, p)
 		}
 	}

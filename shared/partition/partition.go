@@ -200,6 +200,12 @@ type Partition struct {
 	// the parent's).
 	owner string
 	owned bool
+	// elsewhere is the partition's schema when it is not the archive's,
+	// "" when it is. Every statement the manager writes names a partition
+	// in the archive's schema, so it acts on those only: one attached from
+	// another schema (a restore into a side schema) is reported and left
+	// alone, never mistaken for the archive's table of its name.
+	elsewhere string
 }
 
 // Foreign explains a partition the manager did not make and does not manage
@@ -207,6 +213,9 @@ type Partition struct {
 // do about it. It returns "" for the manager's own kind of partition.
 func (p Partition) Foreign() string {
 	switch {
+	case p.elsewhere != "":
+		return fmt.Sprintf("attached from schema %s, not the archive's: the manager neither retires, reattaches nor compacts it; "+
+			"move its rows into the archive's months and detach it, or move it into the archive's schema (ALTER TABLE ... SET SCHEMA)", p.elsewhere)
 	case p.Default:
 		return "a DEFAULT partition: rows of months without a partition land in it, a month holding such rows cannot " +
 			"be attached, and no partition can be detached concurrently; move its rows into monthly partitions and detach it"
@@ -695,8 +704,8 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 	// attaching it again (otherwise), so its rows are never out of the
 	// archive between two statements.
 	for _, p := range parts {
-		if !p.DetachPending {
-			continue
+		if !p.DetachPending || p.elsewhere != "" {
+			continue // another schema's: reported, not the manager's (see Partition.elsewhere)
 		}
 		if p.readable() && expired(p.To) && !awaited(p.From, p.To) {
 			finalize := fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", tbl.qualified(), tbl.sibling(p.Name))
@@ -785,7 +794,7 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 	}
 
 	for _, p := range parts {
-		if p.DetachPending || !p.readable() || !expired(p.To) {
+		if p.DetachPending || p.elsewhere != "" || !p.readable() || !expired(p.To) {
 			continue
 		}
 		if awaited(p.From, p.To) {
@@ -1549,7 +1558,9 @@ func lookupTable(ctx context.Context, conn *pgx.Conn) (table, error) {
 
 const listSQL = `
 SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,
-       c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE')
+       c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE'),
+       CASE WHEN c.relnamespace <> (SELECT relnamespace FROM pg_class WHERE oid = i.inhparent)
+            THEN c.relnamespace::regnamespace::text ELSE '' END
   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
  WHERE i.inhparent = to_regclass('idempotency_key_archive')
  ORDER BY c.relname`
@@ -1681,7 +1692,7 @@ func listOnce(ctx context.Context, conn *pgx.Conn) ([]Partition, bool, error) {
 		for rows.Next() {
 			var p Partition
 			var bound *string
-			if err := rows.Scan(&p.Name, &bound, &p.DetachPending, &p.owner, &p.owned); err != nil {
+			if err := rows.Scan(&p.Name, &bound, &p.DetachPending, &p.owner, &p.owned, &p.elsewhere); err != nil {
 				return err
 			}
 			if bound == nil {

@@ -27,23 +27,7 @@ const decNow = "2026-12-02T10:00:00Z"
 // cancelled while it waited for a reader does.
 func interruptDetach(t *testing.T, db *dbtest.DB, name string) {
 	t.Helper()
-	ctx := context.Background()
-	reader, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = reader.Exec(ctx, "SELECT count(*) FROM idempotency_key_archive")
-	require.NoError(t, err)
-	conn, err := db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "SET statement_timeout = '1s'") // phase 1 commits, phase 2 waits for the reader
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION "+name+" CONCURRENTLY")
-	require.ErrorContains(t, err, "statement timeout")
-	_, err = conn.Exec(ctx, "RESET statement_timeout")
-	require.NoError(t, err)
-	conn.Release()
-	require.NoError(t, reader.Rollback(ctx))
-	require.EqualValues(t, 1, dbtest.Count(t, db.Pool,
-		"SELECT count(*) FROM pg_inherits WHERE inhdetachpending AND inhrelid = to_regclass('"+name+"')"), "the detach of %s should be pending", name)
+	db.InterruptDetach(t, name)
 }
 
 // archived creates the months from..to with two rows in each, and returns the

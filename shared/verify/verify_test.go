@@ -49,21 +49,7 @@ func recordedCheck(t *testing.T, db *dbtest.DB) verify.Check {
 // CONCURRENTLY cut short (by hand, or a partitions run killed) does.
 func interruptDetach(t *testing.T, db *dbtest.DB, name string) {
 	t.Helper()
-	ctx := context.Background()
-	reader, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = reader.Exec(ctx, "SELECT count(*) FROM idempotency_key_archive")
-	require.NoError(t, err)
-	conn, err := db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "SET statement_timeout = '1s'")
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "ALTER TABLE idempotency_key_archive DETACH PARTITION "+name+" CONCURRENTLY")
-	require.ErrorContains(t, err, "statement timeout")
-	_, err = conn.Exec(ctx, "RESET statement_timeout")
-	require.NoError(t, err)
-	conn.Release()
-	require.NoError(t, reader.Rollback(ctx))
+	db.InterruptDetach(t, name)
 }
 
 func TestPartitionsAhead(t *testing.T) {
