@@ -261,14 +261,15 @@ func (s *Redis) reconcileOne(ctx context.Context, hashKey string, h map[string]s
 	if _, err := s.archive.Exec(ctx, redisArchiveSQL, key, e.Fingerprint, status, e.ResourceID, e.CreatedAt, e.ExpiresAt); err != nil {
 		return false, fmt.Errorf("write its archive row under %q (expired %s): %w", key, e.ExpiresAt.Format(time.RFC3339), err)
 	}
-	// The script answers 1 only where it set the expiry: 0 where another
-	// run, or the request's later attempt, gave it back first, or the
-	// hash changed since it was read.
-	set, err := redisExpireArchived.Run(ctx, s.client, []string{hashKey}, h["reg"], s.remaining(e.ExpiresAt)).Int()
+	// The script answers how many hashes it gave an expiry, under the
+	// key's own name or aside (a registration may have taken the hash up
+	// since it was read): 0 where another run, or the request's later
+	// attempt, gave it back first, or the hash changed since it was read.
+	set, err := redisExpireArchived.Run(ctx, s.client, s.both(key), h["reg"], s.remaining(e.ExpiresAt)).Int()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return false, fmt.Errorf("archived under %q; give its hash back its expiry: %w", key, err)
 	}
-	if set == 1 {
+	if set > 0 {
 		return true, nil
 	}
 	// Not set: given back by another, gone, or changed since it was read.

@@ -122,15 +122,24 @@ else
 end
 return 1`)
 
-	// redisExpireArchived gives a completed hash kept without expiry (its
-	// archive row could not be written then) its expiry back, once its
-	// request's later attempt has written the row.
+	// redisExpireArchived gives a completed hash of the registration ARGV[1]
+	// kept without expiry (its archive row could not be written then) its
+	// expiry back, once its request's later attempt, or redis-reconcile,
+	// has written the row. It looks at both places such a hash can be, the
+	// key's own (KEYS[1]) and aside (KEYS[2]), in one script: a
+	// registration takes up the outcome kept aside by renaming it
+	// (redisRegister), and a check of one name and then the other could
+	// fall between the two and leave the hash without expiry for good. It
+	// answers how many it gave an expiry.
 	redisExpireArchived = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'state') == 'completed' and (redis.call('HGET', KEYS[1], 'reg') or '') == ARGV[1]
-   and redis.call('PTTL', KEYS[1]) == -1 then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local n = 0
+for _, k in ipairs(KEYS) do
+  if redis.call('HGET', k, 'state') == 'completed' and (redis.call('HGET', k, 'reg') or '') == ARGV[1]
+     and redis.call('PTTL', k) == -1 then
+    n = n + redis.call('PEXPIRE', k, ARGV[2])
+  end
 end
-return 0`)
+return n`)
 
 	// redisKeepLost writes back, completed and without expiry, the hash of
 	// a request whose hash was lost and whose archive row could not be
@@ -211,7 +220,7 @@ func (s *Redis) Register(ctx context.Context, req idempotency.Registering) (idem
 	// clock, and an absolute PEXPIREAT read by a Redis server whose clock is
 	// ahead by more than the TTL would drop the hash at once, and let the
 	// next identical request register it again.
-	res, err := redisRegister.Run(ctx, s.client, []string{s.prefix + req.Key, s.aside(req.Key)}, req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds(), req.Token, req.Key).Result()
+	res, err := redisRegister.Run(ctx, s.client, s.both(req.Key), req.Fingerprint, created, expires, (req.TTL + inFlightGrace).Milliseconds(), req.Token, req.Key).Result()
 	if errors.Is(err, redis.Nil) {
 		e := idempotency.Entry{Fingerprint: req.Fingerprint, State: idempotency.InFlight, CreatedAt: time.UnixMilli(created), ExpiresAt: time.UnixMilli(expires)}
 		return idempotency.Registration{Entry: e, Fresh: true, MayBeArchived: true, Token: req.Token}, nil
@@ -332,7 +341,7 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 			return fmt.Errorf("archive idempotency key at completion (the key is kept in Redis without expiry until archived): %w", archiveErr)
 		}
 		if !c.ExpiresAt.IsZero() {
-			if err := redisExpireArchived.Run(ctx, s.client, []string{s.prefix + key}, c.Token, s.remaining(e.ExpiresAt)).Err(); err != nil {
+			if err := redisExpireArchived.Run(ctx, s.client, s.both(key), c.Token, s.remaining(e.ExpiresAt)).Err(); err != nil {
 				return fmt.Errorf("complete idempotency key (its outcome is archived): give its hash back its expiry: %w", err)
 			}
 		}
@@ -355,7 +364,7 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 		// earlier attempt may have kept its outcome aside: archived now, it
 		// may expire with its window.
 		if archiveErr == nil && len(c.Token) > 0 && !c.ExpiresAt.IsZero() {
-			if err := redisExpireArchived.Run(ctx, s.client, []string{s.aside(key)}, c.Token, s.remaining(c.ExpiresAt)).Err(); err != nil && !errors.Is(err, redis.Nil) {
+			if err := redisExpireArchived.Run(ctx, s.client, s.both(key), c.Token, s.remaining(c.ExpiresAt)).Err(); err != nil && !errors.Is(err, redis.Nil) {
 				return fmt.Errorf("complete idempotency key (its outcome is archived): give the outcome kept aside its expiry back: %w", err)
 			}
 		}
@@ -436,7 +445,7 @@ func (s *Redis) keepLost(ctx context.Context, key string, c idempotency.Completi
 	if c.ResourceID != nil {
 		rid, hasRID = *c.ResourceID, "1"
 	}
-	kept, err := redisKeepLost.Run(ctx, s.client, []string{s.prefix + key, s.aside(key)}, c.Fingerprint, c.CreatedAt.UnixMilli(), c.ExpiresAt.UnixMilli(),
+	kept, err := redisKeepLost.Run(ctx, s.client, s.both(key), c.Fingerprint, c.CreatedAt.UnixMilli(), c.ExpiresAt.UnixMilli(),
 		c.Token, key, c.Status, c.Body, c.ContentType, rid, hasRID).Int()
 	switch {
 	case err != nil:
@@ -456,6 +465,9 @@ const asideSuffix = "\x00aside"
 
 // aside is the Redis key of key's outcome kept aside.
 func (s *Redis) aside(key string) string { return s.prefix + key + asideSuffix }
+
+// both names key's own hash and its outcome kept aside.
+func (s *Redis) both(key string) []string { return []string{s.prefix + key, s.aside(key)} }
 
 // completeLost answers the completion of a request whose hash is gone
 // (evicted, flushed, a failover to a replica that had not received it, or
