@@ -212,20 +212,43 @@ type Partition struct {
 // (a DEFAULT partition, bounds that are not exactly one UTC month) and what to
 // do about it. It returns "" for the manager's own kind of partition.
 func (p Partition) Foreign() string {
+	var problem string
 	switch {
-	case p.elsewhere != "":
-		return fmt.Sprintf("attached from schema %s, not the archive's: the manager neither retires, reattaches nor compacts it; "+
-			"move its rows into the archive's months and detach it, or move it into the archive's schema (ALTER TABLE ... SET SCHEMA)", p.elsewhere)
 	case p.Default:
-		return "a DEFAULT partition: rows of months without a partition land in it, a month holding such rows cannot " +
+		problem = "a DEFAULT partition: rows of months without a partition land in it, a month holding such rows cannot " +
 			"be attached, and no partition can be detached concurrently; move its rows into monthly partitions and detach it"
 	case p.unreadable:
-		return fmt.Sprintf("bound %s is not a range of timestamps the manager reads; move its rows into monthly partitions and detach it", p.Bound)
+		problem = fmt.Sprintf("bound %s is not a range of timestamps the manager reads; move its rows into monthly partitions and detach it", p.Bound)
 	case !isMonth(p.From, p.To):
-		return fmt.Sprintf("bounds [%s, %s) are not one UTC month; move its rows out, detach it and let the manager create UTC months",
+		problem = fmt.Sprintf("bounds [%s, %s) are not one UTC month; move its rows out, detach it and let the manager create UTC months",
 			formatBound(p.From), formatBound(p.To))
 	}
-	return ""
+	if p.elsewhere == "" {
+		return problem
+	}
+	side := fmt.Sprintf("attached from schema %s, not the archive's: the manager neither retires, reattaches nor compacts it; "+
+		"move its rows into the archive's months and detach it, or move it into the archive's schema (ALTER TABLE ... SET SCHEMA)", p.elsewhere)
+	if p.DetachPending {
+		side += fmt.Sprintf("; its detach was interrupted, so its rows are invisible: finish it by hand (ALTER TABLE %s DETACH PARTITION %s FINALIZE)",
+			ArchiveTable, p.label())
+	}
+	if problem != "" {
+		side += "; and it is " + problem
+	}
+	return side
+}
+
+// OtherSchema is the schema of a partition attached from another schema
+// than the archive's, "" for one of the archive's schema. The manager
+// leaves such a partition alone (see Partition.Foreign).
+func (p Partition) OtherSchema() string { return p.elsewhere }
+
+// label names p for people: qualified when it is another schema's.
+func (p Partition) label() string {
+	if p.elsewhere == "" {
+		return p.Name
+	}
+	return p.elsewhere + "." + pgx.Identifier{p.Name}.Sanitize()
 }
 
 // readable reports whether p's From and To are its real bounds.
@@ -607,7 +630,7 @@ func newest(parts []Partition) time.Time {
 func explain(err error, deflt *Partition) string {
 	msg := err.Error()
 	if deflt != nil && database.SQLState(err) == database.CodeCheckViolation {
-		msg += fmt.Sprintf(" (the DEFAULT partition %s holds rows of this month: move its rows into monthly partitions and detach it)", deflt.Name)
+		msg += fmt.Sprintf(" (the DEFAULT partition %s holds rows of this month: move its rows into monthly partitions and detach it)", deflt.label())
 	}
 	return msg
 }
@@ -639,6 +662,8 @@ func (m *Manager) EnsureMonth(ctx context.Context, t time.Time) ([]string, error
 	exact, overlap := findMonth(parts, month)
 	var s step
 	switch {
+	case exact != nil && exact.DetachPending && exact.elsewhere != "":
+		return nil, sideMonthError(*exact, month)
 	case exact != nil && exact.DetachPending:
 		s = reattachStep(tbl, *exact)
 	case exact != nil:
@@ -785,6 +810,8 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 			continue
 		}
 		switch exact, overlap := findMonth(parts, month); {
+		case exact != nil && exact.DetachPending && exact.elsewhere != "":
+			pl.blocked = append(pl.blocked, Failure{Action: "create", Partition: Name(month), Error: sideMonthError(*exact, month).Error()})
 		case exact != nil:
 		case overlap != nil:
 			pl.blocked = append(pl.blocked, Failure{Action: "create", Partition: Name(month), Error: overlapError(*overlap, month).Error()})
@@ -805,7 +832,7 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 			// partition, and a plain DETACH would lock every lookup out.
 			if err := mayRetire(p.To, now, retention); err == nil {
 				pl.blocked = append(pl.blocked, Failure{Action: "retire", Partition: p.Name, Error: fmt.Sprintf(
-					"cannot detach concurrently while the DEFAULT partition %s exists: move its rows into monthly partitions and detach it", deflt.Name)})
+					"cannot detach concurrently while the DEFAULT partition %s exists: move its rows into monthly partitions and detach it", deflt.label())})
 				continue
 			}
 		}
@@ -889,7 +916,18 @@ func findMonth(parts []Partition, month time.Time) (exact, overlap *Partition) {
 // runbook's snippet run in a local time zone, say), rather than a doomed ATTACH.
 func overlapError(p Partition, month time.Time) error {
 	return fmt.Errorf("partition %s covers [%s, %s), which overlaps UTC month %s: re-create it with UTC month bounds",
-		p.Name, formatBound(p.From), formatBound(p.To), month.Format("2006-01"))
+		p.label(), formatBound(p.From), formatBound(p.To), month.Format("2006-01"))
+}
+
+// sideMonthError explains a month whose partition is another schema's
+// table left detach-pending: the month takes no rows, and the manager,
+// which acts on the archive's schema only, neither attaches it again nor
+// creates the month beside it (PostgreSQL allows one pending detach per
+// table, and refuses a second partition of the month).
+func sideMonthError(p Partition, month time.Time) error {
+	return fmt.Errorf("month %s's partition %s is another schema's table whose detach was interrupted, so the month takes no rows: "+
+		"finish its detach by hand (ALTER TABLE %s DETACH PARTITION %s FINALIZE) and the next run creates the month; then move its rows into it",
+		month.Format("2006-01"), p.label(), ArchiveTable, p.label())
 }
 
 // createStep plans the partition for month. CREATE TABLE IF NOT EXISTS makes

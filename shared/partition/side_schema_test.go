@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
@@ -95,4 +96,112 @@ func TestAPartitionOfAnotherSchemaIsReportedAndLeftAlone(t *testing.T) {
 				"SELECT count(*) FROM pg_inherits WHERE inhrelid = to_regclass($1) AND inhparent = to_regclass('idempotency_key_archive')", side+"."+tc.table))
 		})
 	}
+}
+
+// sideSchema makes a schema beside db's whose name needs quoting, and
+// returns it quoted.
+func sideSchema(t *testing.T, db *dbtest.DB) string {
+	t.Helper()
+	side := pgx.Identifier{db.Schema + ` Side "Q"`}.Sanitize()
+	_, err := db.Pool.Exec(context.Background(), "CREATE SCHEMA "+side)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+side+" CASCADE") })
+	return side
+}
+
+// attachSide attaches a new table of schema side, of the archive's shape,
+// with the bound given (the text after PARTITION ... ), and returns its
+// qualified name.
+func attachSide(t *testing.T, db *dbtest.DB, side, name, bound string) string {
+	t.Helper()
+	tbl := side + "." + pgx.Identifier{name}.Sanitize()
+	for _, sql := range []string{
+		fmt.Sprintf("CREATE TABLE %s (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)", tbl),
+		fmt.Sprintf("ALTER TABLE idempotency_key_archive ATTACH PARTITION %s %s", tbl, bound),
+	} {
+		_, err := db.Pool.Exec(context.Background(), sql)
+		require.NoError(t, err, sql)
+	}
+	return tbl
+}
+
+// Another schema's table holding exactly a wanted month, its detach
+// interrupted: the month takes no rows. A run reported nothing (it left
+// the table alone, and took the month as covered), and EnsureMonth, which
+// the sweeper calls, named the table in the archive's schema ("does not
+// exist"). Both now say what is wrong and what to do, naming the schema,
+// and neither touches the table.
+func TestAPendingMonthOfAnotherSchemaIsReported(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	side := sideSchema(t, db)
+	jan := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	tbl := attachSide(t, db, side, partition.Name(jan), "FOR VALUES FROM ('2027-01-01 00:00:00+00') TO ('2027-02-01 00:00:00+00')")
+	db.InterruptDetach(t, tbl)
+
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
+	res, err := m.Run(ctx, false)
+	require.ErrorIs(t, err, partition.ErrIncomplete)
+	require.Len(t, res.Failed, 1)
+	require.Equal(t, partition.Name(jan), res.Failed[0].Partition)
+	require.Contains(t, res.Failed[0].Error, side)
+	require.Contains(t, res.Failed[0].Error, "FINALIZE")
+	require.Contains(t, fmt.Sprint(res.Foreign), "its detach was interrupted")
+
+	_, err = m.EnsureMonth(ctx, jan.AddDate(0, 0, 14))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), side)
+	require.NotContains(t, err.Error(), "does not exist")
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_inherits WHERE inhdetachpending AND inhrelid = to_regclass($1)", tbl),
+		"the other schema's table is left as it was")
+}
+
+// Another schema's DEFAULT partition is reported as a DEFAULT (it blocks
+// every retirement), and named with its schema where it blocks one.
+func TestADefaultOfAnotherSchemaIsNamedAsSuch(t *testing.T) {
+	t.Parallel()
+	db, _ := managedArchive(t)
+	side := sideSchema(t, db)
+	attachSide(t, db, side, "dflt", "DEFAULT")
+	m := newManager(t, db.Pool, partition.Config{Now: at("2027-06-02T10:00:00Z"), RetentionMonths: 1})
+	res, err := m.Run(context.Background(), false)
+	require.ErrorIs(t, err, partition.ErrIncomplete)
+	require.Len(t, res.Foreign, 1)
+	require.Contains(t, res.Foreign[0].Problem, side)
+	require.Contains(t, res.Foreign[0].Problem, "DEFAULT partition")
+	require.NotEmpty(t, res.Failed)
+	for _, f := range res.Failed {
+		require.Contains(t, f.Error, side+`."dflt"`)
+	}
+}
+
+// A table of another schema that covers the current month takes its rows
+// and is left alone; moved into the archive's schema (ALTER TABLE ... SET
+// SCHEMA), it is managed: no longer reported, and retired in its time.
+func TestAPartitionMovedIntoTheArchivesSchemaIsManaged(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	side := sideSchema(t, db)
+	const name = `Restored "Dec" 2026`
+	tbl := attachSide(t, db, side, name, "FOR VALUES FROM ('2026-12-01 00:00:00+00') TO ('2027-01-01 00:00:00+00')")
+	m := newManager(t, db.Pool, partition.Config{Now: at(decNow), RetentionMonths: 1})
+	for range 2 {
+		res, err := m.Run(ctx, false)
+		require.NoError(t, err)
+		require.Contains(t, fmt.Sprint(res.Foreign), name)
+	}
+	stmts, err := m.EnsureMonth(ctx, time.Date(2026, 12, 20, 0, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	require.Empty(t, stmts, "the month is covered")
+	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:dec", Status: 201, ExpiredAt: time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)})
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM "+tbl))
+
+	_, err = db.Pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %s SET SCHEMA %s", tbl, pgx.Identifier{db.Schema}.Sanitize()))
+	require.NoError(t, err)
+	res, err := newManager(t, db.Pool, partition.Config{Now: at("2027-03-02T10:00:00Z"), RetentionMonths: 1}).Run(ctx, false)
+	require.NoError(t, err)
+	require.NotContains(t, fmt.Sprint(res.Foreign), name)
+	require.Contains(t, res.Retired, name)
 }

@@ -82,3 +82,31 @@ func TestTheBacklogIsCountedByTheDatabasesClock(t *testing.T) {
 	require.False(t, checks[0].Pass)
 	require.Equal(t, "1 expired live rows", checks[0].Figure)
 }
+
+// Another schema's partition of a month ahead, its detach interrupted: no
+// partitions run touches another schema's table, so the check's advice is
+// to finish the detach by hand, not to run one.
+func TestAPendingPartitionOfAnotherSchemaIsNotLeftToAPartitionsRun(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	side := db.Schema + "_side"
+	tbl := side + ".restored_jan"
+	for _, sql := range []string{
+		"CREATE SCHEMA " + side,
+		"CREATE TABLE " + tbl + " (LIKE idempotency_key_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+		"ALTER TABLE idempotency_key_archive ATTACH PARTITION " + tbl + " FOR VALUES FROM ('2027-01-01 00:00:00+00') TO ('2027-02-01 00:00:00+00')",
+	} {
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+side+" CASCADE") })
+	db.InterruptDetach(t, tbl)
+
+	c := partitionsCheck(t, db)
+	require.False(t, c.Pass)
+	require.Contains(t, c.Figure, "restored_jan: attached from schema "+side)
+	require.Contains(t, c.Figure, "its detach was interrupted, so its rows are invisible")
+	require.Contains(t, c.Figure, `ALTER TABLE idempotency_key_archive DETACH PARTITION `+side+`."restored_jan" FINALIZE`)
+	require.NotContains(t, c.Figure, "run archivectl partitions to attach it again")
+}

@@ -127,6 +127,11 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 			// Whatever its month: its rows are invisible to every lookup
 			// until a partitions run attaches it again.
 			detachPending = true
+			if p.OtherSchema() != "" {
+				// Another schema's: no partitions run touches it.
+				advice = append(advice, fmt.Sprintf("%s: %s", p.Name, p.Foreign()))
+				continue
+			}
 			advice = append(advice, fmt.Sprintf("%s is detach-pending (its rows are invisible): run archivectl partitions to attach it again", p.Name))
 			continue
 		}
