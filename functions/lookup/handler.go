@@ -128,8 +128,12 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		if err := json.Unmarshal(payload, &ev); err != nil {
 			return h.refuse(ctx, kind, badPayload(err), requestID)
 		}
-		if name, ok := repeated(names(ev.RawQueryString)); ok {
+		raw := names(ev.RawQueryString)
+		if name, ok := repeated(raw); ok {
 			return h.refuse(ctx, kind, badPayload(repeatedError(name)), requestID)
+		}
+		if name, ok := disagree(raw, ev.QueryStringParameters, false); ok && ev.RawQueryString != "" {
+			return h.refuse(ctx, kind, badPayload(disagreeError(name, "rawQueryString")), requestID)
 		}
 		if functionURL(ev.RequestContext.DomainName) {
 			// Function URLs deliver rawPath as the client sent it.
@@ -151,6 +155,9 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		}
 		if name, ok := repeated(ev.MultiValueQueryStringParameters); ok {
 			return h.refuse(ctx, kind, badPayload(repeatedError(name)), requestID)
+		}
+		if name, ok := disagree(ev.MultiValueQueryStringParameters, ev.QueryStringParameters, true); ok && ev.MultiValueQueryStringParameters != nil {
+			return h.refuse(ctx, kind, badPayload(disagreeError(name, "multiValueQueryStringParameters")), requestID)
 		}
 		// REST APIs deliver the path still percent-encoded.
 		return h.reply(ctx, kind, h.serveEncoded(ctx, ev.HTTPMethod, ev.Path, ev.QueryStringParameters, requestID))
@@ -259,6 +266,42 @@ func names(rawQuery string) map[string][]string {
 		out[name] = append(out[name], "")
 	}
 	return out
+}
+
+// disagree returns a parameter that the event's other rendering of its
+// query (multi, from repeated or names, each name given once) and the
+// queryStringParameters the answer is built from (single) do not both
+// hold, or hold with different values (withValues). API Gateway fills both
+// from one query, so only a hand-made event can differ (one that leaves
+// the other rendering out is taken as it is), and then which one the
+// caller meant is unknown: a parameter the answer would not see (a
+// "fingerprint" in the raw query only) would go unchecked. Without
+// values, only names written in URL-unreserved characters, which no
+// decoding changes, are compared (every parameter the API takes, in any
+// letter case): others, decoded in two ways, are refused as unknown anyway.
+func disagree(multi map[string][]string, single map[string]string, withValues bool) (string, bool) {
+	plain := func(name string) bool {
+		return withValues || (name != "" && strings.Trim(name, unreserved) == "")
+	}
+	for name, values := range multi {
+		v, ok := single[name]
+		if plain(name) && (!ok || withValues && (len(values) == 0 || values[len(values)-1] != v)) {
+			return name, true
+		}
+	}
+	for name := range single {
+		if _, ok := multi[name]; plain(name) && !ok {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// unreserved are the characters RFC 3986 leaves unreserved in a URL.
+const unreserved = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
+
+func disagreeError(name, member string) error {
+	return fmt.Errorf("query parameter %q differs between queryStringParameters and %s", name, member)
 }
 
 func repeatedError(name string) error {

@@ -118,6 +118,58 @@ func TestARepeatedQueryParameterIsRefused(t *testing.T) {
 	require.Equal(t, 200, restResp.StatusCode, restResp.Body)
 }
 
+// An event whose two renderings of its query disagree is refused: API
+// Gateway fills both from one query, and the answer, built from
+// queryStringParameters, would not see a "Fingerprint" given in the other
+// one only, or would answer for one of two keys. An event that leaves the
+// other rendering out (a hand-made one) is taken as it is.
+func TestAnEventWhoseQueryRenderingsDisagreeIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	restStatus := func(single map[string]string, multi map[string][]string) (int, string) {
+		t.Helper()
+		payload, _ := json.Marshal(events.APIGatewayProxyRequest{HTTPMethod: "GET", Path: "/v1/archive/lookup",
+			QueryStringParameters: single, MultiValueQueryStringParameters: multi})
+		var resp events.APIGatewayProxyResponse
+		require.NoError(t, json.Unmarshal(b.invoke(t, payload), &resp))
+		return resp.StatusCode, resp.Body
+	}
+	v2Status := func(raw string, single map[string]string) (int, string) {
+		t.Helper()
+		ev := events.APIGatewayV2HTTPRequest{Version: "2.0", RawPath: "/v1/archive/lookup", RawQueryString: raw, QueryStringParameters: single}
+		ev.RequestContext.HTTP.Method = "GET"
+		payload, _ := json.Marshal(ev)
+		var resp events.APIGatewayV2HTTPResponse
+		require.NoError(t, json.Unmarshal(b.invoke(t, payload), &resp))
+		return resp.StatusCode, resp.Body
+	}
+	probe := map[string]string{"scoped_key": "idem:v1:probe"}
+	status, body := restStatus(probe, map[string][]string{"scoped_key": {"idem:v1:probe"}, "Fingerprint": {"00"}})
+	require.Equal(t, 400, status, body)
+	require.Contains(t, body, "Fingerprint")
+	status, body = restStatus(probe, map[string][]string{"scoped_key": {"idem:v1:other"}})
+	require.Equal(t, 400, status, body)
+	require.Contains(t, body, "multiValueQueryStringParameters")
+	status, body = v2Status("scoped_key=idem%3Av1%3Aprobe&Fingerprint=00", probe)
+	require.Equal(t, 400, status, body)
+	require.Contains(t, body, "rawQueryString")
+	status, body = v2Status("scoped_key=idem%3Av1%3Aprobe", map[string]string{"scoped_key": "idem:v1:probe", "fingerprint": "00"})
+	require.Equal(t, 400, status, body)
+
+	// Agreeing, or with the other rendering left out, they answer.
+	for _, s := range []func() (int, string){
+		func() (int, string) { return restStatus(probe, map[string][]string{"scoped_key": {"idem:v1:probe"}}) },
+		func() (int, string) { return restStatus(probe, nil) },
+		func() (int, string) { return v2Status("scoped_key=idem%3Av1%3Aprobe", probe) },
+		func() (int, string) { return v2Status("scoped_key=idem:v1:probe", probe) },
+		func() (int, string) { return v2Status("", probe) },
+	} {
+		status, body := s()
+		require.Equal(t, 200, status, body)
+		require.Contains(t, body, `"resource_id":"ch_probe"`)
+	}
+}
+
 // A direct query's limit of 0 is refused, as limit=0 over HTTP is: zero
 // never means the default.
 func TestADirectQueryOfLimitZeroIsRefused(t *testing.T) {

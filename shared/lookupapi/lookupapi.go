@@ -182,6 +182,11 @@ func (a *API) route(ctx context.Context, r Request) (any, error) {
 		key := strings.TrimPrefix(rest, keysRoute+"/")
 		handler = func() (any, error) { return a.lookup(ctx, key, r.Query["fingerprint"]) }
 		params = []string{"fingerprint"}
+		if key == "" {
+			// "keys/" with the investigation's parameters: the key is
+			// what is wrong, not the parameters.
+			params = nil
+		}
 	case rest == keysRoute:
 		handler = func() (any, error) { return a.investigate(ctx, r.Query) }
 		params = queryParams
@@ -194,7 +199,7 @@ func (a *API) route(ctx context.Context, r Request) (any, error) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return nil, ErrMethodNotAllowed
 	}
-	if err := onlyParams(r.Query, params); err != nil {
+	if err := onlyParams(r.Query, params); err != nil && params != nil {
 		return nil, err
 	}
 	return handler()
@@ -222,6 +227,9 @@ func onlyParams(q map[string]string, params []string) error {
 }
 
 func (a *API) lookup(ctx context.Context, key, fingerprintHex string) (archive.Record, error) {
+	if err := archive.ValidateKey(key); err != nil {
+		return archive.Record{}, err
+	}
 	var fp []byte
 	if fingerprintHex != "" {
 		var err error

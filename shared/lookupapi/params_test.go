@@ -81,6 +81,15 @@ func TestAQueryParameterARouteDoesNotTakeIsRefused(t *testing.T) {
 	resp = newAPI(r).Serve(context.Background(), lookupapi.Request{Method: http.MethodGet, Path: "/v1/archive/keys/idem:v1:k", Query: map[string]string{"fingerprint": "00"}})
 	require.Equal(t, http.StatusOK, resp.Status, string(resp.Body))
 	require.Equal(t, 3, r.asked)
+
+	// "keys/" with the investigation's parameters (a slash too many) is
+	// told its key is missing, not that the parameters are unknown.
+	resp = newAPI(r).Serve(context.Background(), lookupapi.Request{Method: http.MethodGet, Path: "/v1/archive/keys/", Query: window})
+	require.Equal(t, http.StatusBadRequest, resp.Status, string(resp.Body))
+	var p lookupapi.Problem
+	require.NoError(t, json.Unmarshal(resp.Body, &p))
+	require.Equal(t, "invalid_key", p.Code, p.Detail)
+	require.NotContains(t, p.Detail, "parameter")
 }
 
 // A direct payload carrying a member of the other action is refused: a
