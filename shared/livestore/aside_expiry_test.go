@@ -169,3 +169,56 @@ func TestReconcileGivesAnOutcomeTakenUpMeanwhileItsExpiry(t *testing.T) {
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", key))
 	noHashWithoutExpiry(t, s, key)
 }
+
+// A's second attempt (the archive still down) finds no hash of its own,
+// and a registration takes up the copy aside before the attempt keeps the
+// outcome: the attempt wrote a second copy aside, and a reconcile dry run
+// then counted two outcomes to archive where the run archived one. The
+// outcome is kept once, under the key's own name.
+func TestAnOutcomeTakenUpBeforeItsAttemptKeepsItIsKeptOnce(t *testing.T) {
+	t.Parallel()
+	s, db := newRedisStore(t)
+	ctx := context.Background()
+	const key = "idem:v1:aside-kept-once"
+	fp, c, up := keptAside(t, s, db, key)
+	var taken idempotency.Registration
+	var regErr error
+	r := hookedStore(t, s, db, &afterCommand{match: hgetallOf(s.prefix + key), fn: func() {
+		taken, regErr = s.Register(ctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("cccccccccccccccc"), TTL: time.Hour})
+	}})
+	require.ErrorContains(t, r.Complete(ctx, key, c), "kept in Redis")
+	require.NoError(t, regErr)
+	require.False(t, taken.Fresh, "the registration took up A's outcome")
+	require.Zero(t, s.client.Exists(ctx, s.aside(key)).Val(), "no second copy aside")
+
+	up()
+	dry, err := s.Reconcile(ctx, true, func(k string, err error) { t.Errorf("%s: %v", k, err) })
+	require.NoError(t, err)
+	res, err := s.Reconcile(ctx, false, func(k string, err error) { t.Errorf("%s: %v", k, err) })
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Archived, "%+v", res)
+	require.Equal(t, dry.Archived, res.Archived, "the dry run foretells the run")
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", key))
+	noHashWithoutExpiry(t, s, key)
+}
+
+// An older writer's completed hash (no token, no key) kept without expiry,
+// and so not known to be archived, is never given an expiry by another
+// request's completion, nor by one without a token.
+func TestAnOlderWritersHashKeepsNoExpiryForAnotherRequest(t *testing.T) {
+	t.Parallel()
+	s, db := newRedisStore(t)
+	ctx := context.Background()
+	const key = "idem:v1:aside-older-writer"
+	_, c, up := keptAside(t, s, db, key)
+	up()
+	require.NoError(t, s.client.HSet(ctx, s.prefix+key, "fp", string(dbtest.Fingerprint("older")), "state", "completed", "status", "200",
+		"created", time.Now().Add(-time.Minute).UnixMilli(), "expires", time.Now().Add(time.Hour).UnixMilli()).Err())
+	require.Error(t, s.Complete(ctx, key, c))
+	require.Equal(t, time.Duration(-1), s.client.PTTL(ctx, s.prefix+key).Val(), "the older writer's hash")
+	require.Positive(t, s.client.PTTL(ctx, s.aside(key)).Val(), "A's archived outcome aside")
+	untokened := c
+	untokened.Token = nil
+	_ = s.Complete(ctx, key, untokened)
+	require.Equal(t, time.Duration(-1), s.client.PTTL(ctx, s.prefix+key).Val())
+}

@@ -145,10 +145,16 @@ return n`)
 	// a request whose hash was lost and whose archive row could not be
 	// written (1). Where another request has registered the key since, it
 	// writes it aside instead (KEYS[2], 2), never over that registration,
-	// unless another outcome is aside already (0). ARGV: fp, created,
-	// expires, reg, key, status, body, ct, rid, has_rid.
+	// unless another outcome is aside already (0). Where the key's own
+	// hash is this registration's outcome already (a registration took up
+	// the copy aside since the caller read the key), it is kept (1) and no
+	// second copy is written. ARGV: fp, created, expires, reg, key, status,
+	// body, ct, rid, has_rid.
 	redisKeepLost = redis.NewScript(`
 local dest, kept = KEYS[1], 1
+if redis.call('HGET', KEYS[1], 'state') == 'completed' and redis.call('HGET', KEYS[1], 'reg') == ARGV[4] then
+  return 1
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('EXISTS', KEYS[2]) == 1 and (redis.call('HGET', KEYS[2], 'reg') or '') ~= ARGV[4] then
     return 0
