@@ -206,6 +206,11 @@ type Partition struct {
 	// another schema (a restore into a side schema) is reported and left
 	// alone, never mistaken for the archive's table of its name.
 	elsewhere string
+	// oid is the table's, when listed: a name another session gives
+	// another table meanwhile does not make that table the one listed.
+	oid uint32
+	// archiveSchema is the archive's schema, quoted, as listed.
+	archiveSchema string
 }
 
 // Foreign explains a partition the manager did not make and does not manage
@@ -229,8 +234,8 @@ func (p Partition) Foreign() string {
 	side := fmt.Sprintf("attached from schema %s, not the archive's: the manager neither retires, reattaches nor compacts it; "+
 		"move its rows into the archive's months and detach it, or move it into the archive's schema (ALTER TABLE ... SET SCHEMA)", p.elsewhere)
 	if p.DetachPending {
-		side += fmt.Sprintf("; its detach was interrupted, so its rows are invisible: finish it by hand (ALTER TABLE %s DETACH PARTITION %s FINALIZE)",
-			ArchiveTable, p.label())
+		side += fmt.Sprintf("; its detach was interrupted, so its rows are invisible, and no other partition can be detached: "+
+			"finish it by hand (%s)", p.finalizeByHand())
 	}
 	if problem != "" {
 		side += "; and it is " + problem
@@ -243,8 +248,21 @@ func (p Partition) Foreign() string {
 // leaves such a partition alone (see Partition.Foreign).
 func (p Partition) OtherSchema() string { return p.elsewhere }
 
-// label names p for people: qualified when it is another schema's.
-func (p Partition) label() string {
+// finalizeByHand is the statement that finishes p's interrupted detach,
+// to be run by hand in any session.
+func (p Partition) finalizeByHand() string {
+	parent, name := ArchiveTable, pgx.Identifier{p.Name}.Sanitize()
+	if p.archiveSchema != "" {
+		parent, name = p.archiveSchema+"."+parent, p.archiveSchema+"."+name
+	}
+	if p.elsewhere != "" {
+		name = p.Label()
+	}
+	return fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", parent, name)
+}
+
+// Label names p for people: qualified when it is another schema's.
+func (p Partition) Label() string {
 	if p.elsewhere == "" {
 		return p.Name
 	}
@@ -630,7 +648,7 @@ func newest(parts []Partition) time.Time {
 func explain(err error, deflt *Partition) string {
 	msg := err.Error()
 	if deflt != nil && database.SQLState(err) == database.CodeCheckViolation {
-		msg += fmt.Sprintf(" (the DEFAULT partition %s holds rows of this month: move its rows into monthly partitions and detach it)", deflt.label())
+		msg += fmt.Sprintf(" (the DEFAULT partition %s holds rows of this month: move its rows into monthly partitions and detach it)", deflt.Label())
 	}
 	return msg
 }
@@ -703,10 +721,15 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 		pl.steps = append(pl.steps, s)
 		return true
 	}
-	var deflt *Partition
+	var deflt, sidePending *Partition
 	for i, p := range parts {
 		if p.Default && !p.DetachPending {
 			deflt = &parts[i]
+		}
+		if p.DetachPending && p.elsewhere != "" {
+			// PostgreSQL allows one pending detach per table, and the
+			// manager finishes only its own schema's.
+			sidePending = &parts[i]
 		}
 	}
 	// Months that a reattach below brings back.
@@ -734,7 +757,7 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 		}
 		if p.readable() && expired(p.To) && !awaited(p.From, p.To) {
 			finalize := fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", tbl.qualified(), tbl.sibling(p.Name))
-			if retire(p.Name, p.To, finalize, fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name))) {
+			if retire(p.Name, p.To, finalize, dropListed(tbl, p)) {
 				continue
 			}
 		}
@@ -764,10 +787,12 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 			continue
 		}
 		switch exact, overlap := findMonth(parts, month); {
+		case exact != nil && exact.DetachPending && exact.elsewhere != "":
+			pl.blocked = append(pl.blocked, Failure{Action: "reattach", Partition: name, Error: sideMonthError(*exact, month).Error()})
 		case exact != nil:
 			pl.blocked = append(pl.blocked, Failure{Action: "reattach", Partition: name, Error: fmt.Sprintf(
 				"detached table %s holds rows of %s, which partition %s covers now: move its rows into the archive and drop it",
-				name, month.Format("2006-01"), exact.Name)})
+				name, month.Format("2006-01"), exact.Label())})
 		case overlap != nil:
 			pl.blocked = append(pl.blocked, Failure{Action: "reattach", Partition: name, Error: overlapError(*overlap, month).Error()})
 		default:
@@ -832,7 +857,15 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 			// partition, and a plain DETACH would lock every lookup out.
 			if err := mayRetire(p.To, now, retention); err == nil {
 				pl.blocked = append(pl.blocked, Failure{Action: "retire", Partition: p.Name, Error: fmt.Sprintf(
-					"cannot detach concurrently while the DEFAULT partition %s exists: move its rows into monthly partitions and detach it", deflt.label())})
+					"cannot detach concurrently while the DEFAULT partition %s exists: move its rows into monthly partitions and detach it", deflt.Label())})
+				continue
+			}
+		}
+		if sidePending != nil {
+			if err := mayRetire(p.To, now, retention); err == nil {
+				pl.blocked = append(pl.blocked, Failure{Action: "retire", Partition: p.Name, Error: fmt.Sprintf(
+					"cannot detach while the detach of %s, another schema's table, is pending: finish it by hand (%s) and the next run retires it",
+					sidePending.Label(), sidePending.finalizeByHand())})
 				continue
 			}
 		}
@@ -847,9 +880,9 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 				continue
 			}
 		}
-		retire(p.Name, p.To,
+		retire(p.Name, p.To, append(checkListed(tbl, p),
 			fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", tbl.qualified(), tbl.sibling(p.Name)),
-			fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name)))
+			dropListed(tbl, p))...)
 	}
 	return pl
 }
@@ -916,7 +949,7 @@ func findMonth(parts []Partition, month time.Time) (exact, overlap *Partition) {
 // runbook's snippet run in a local time zone, say), rather than a doomed ATTACH.
 func overlapError(p Partition, month time.Time) error {
 	return fmt.Errorf("partition %s covers [%s, %s), which overlaps UTC month %s: re-create it with UTC month bounds",
-		p.label(), formatBound(p.From), formatBound(p.To), month.Format("2006-01"))
+		p.Label(), formatBound(p.From), formatBound(p.To), month.Format("2006-01"))
 }
 
 // sideMonthError explains a month whose partition is another schema's
@@ -926,8 +959,8 @@ func overlapError(p Partition, month time.Time) error {
 // table, and refuses a second partition of the month).
 func sideMonthError(p Partition, month time.Time) error {
 	return fmt.Errorf("month %s's partition %s is another schema's table whose detach was interrupted, so the month takes no rows: "+
-		"finish its detach by hand (ALTER TABLE %s DETACH PARTITION %s FINALIZE) and the next run creates the month; then move its rows into it",
-		month.Format("2006-01"), p.label(), ArchiveTable, p.label())
+		"finish its detach by hand (%s) and the next run creates the month; then move its rows into it",
+		month.Format("2006-01"), p.Label(), p.finalizeByHand())
 }
 
 // createStep plans the partition for month. CREATE TABLE IF NOT EXISTS makes
@@ -1595,11 +1628,13 @@ func lookupTable(ctx context.Context, conn *pgx.Conn) (table, error) {
 }
 
 const listSQL = `
-SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,
+SELECT c.oid, quote_ident(pn.nspname),
+       c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,
        c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE'),
        CASE WHEN c.relnamespace <> (SELECT relnamespace FROM pg_class WHERE oid = i.inhparent)
             THEN c.relnamespace::regnamespace::text ELSE '' END
   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+  JOIN pg_class pc ON pc.oid = i.inhparent JOIN pg_namespace pn ON pn.oid = pc.relnamespace
  WHERE i.inhparent = to_regclass('idempotency_key_archive')
  ORDER BY c.relname`
 
@@ -1669,8 +1704,73 @@ END
 // dropOrphan is the statement that drops the detached table name of the
 // month [from, to) (see dropOrphanSQL), in dollar quotes no name can close.
 func dropOrphan(tbl table, name string, from, to time.Time) string {
-	body := fmt.Sprintf(dropOrphanSQL, tbl.sibling(name), quote(from.Format(time.RFC3339)), quote(to.Format(time.RFC3339)),
-		quote(name), quote(tbl.sibling(name)))
+	return doBlock(fmt.Sprintf(dropOrphanSQL, tbl.sibling(name), quote(from.Format(time.RFC3339)), quote(to.Format(time.RFC3339)),
+		quote(name), quote(tbl.sibling(name))))
+}
+
+// A statement finds a table by its name when it runs, and again after a
+// lock wait: hand DDL meanwhile (the listed table moved away, and a month
+// inside the retention renamed to its name) would make a retirement detach
+// and drop another month. checkListedSQL, run just before the DETACH ...
+// CONCURRENTLY (which cannot run in a transaction, nor beside a lock held
+// for it), waits for the table's lock as the DETACH would, and then
+// refuses a name that no longer means the table the run listed (%[3]s, its
+// OID). dropListedSQL checks the same under the lock DROP takes, so the
+// DROP never acts on another table: one detached in the instant between
+// the check and the DETACH is left in place, for the next run to refuse
+// (its rows are not its name's month) or to attach again. A table dropped
+// meanwhile is no error to the DROP. %[1]s is the table, %[2]s its name as
+// a literal, %[4]s the table as a literal.
+const (
+	checkListedSQL = `
+BEGIN
+    LOCK TABLE %[1]s IN ACCESS SHARE MODE;
+    IF to_regclass(%[4]s) IS DISTINCT FROM %[3]s::oid::regclass THEN
+        RAISE EXCEPTION 'table %% is no longer the partition this run listed (renamed since): not retired', %[2]s;
+    END IF;
+END
+`
+	dropListedSQL = `
+BEGIN
+    IF to_regclass(%[4]s) IS NULL THEN
+        RETURN;
+    END IF;
+    LOCK TABLE %[1]s IN ACCESS EXCLUSIVE MODE;
+    IF to_regclass(%[4]s) IS DISTINCT FROM %[3]s::oid::regclass THEN
+        RAISE EXCEPTION 'table %% is no longer the partition this run listed (renamed since): left in place; if this run detached it, attach it again with the bounds of its CHECK constraint', %[2]s;
+    END IF;
+    DROP TABLE %[1]s;
+END
+`
+)
+
+// checkListed is the statement that refuses to go on when p's name no
+// longer means the table listed (see checkListedSQL); none for a
+// Partition not read from the catalog (no OID).
+func checkListed(tbl table, p Partition) []string {
+	if p.oid == 0 {
+		return nil
+	}
+	return []string{listedBlock(checkListedSQL, tbl, p)}
+}
+
+// dropListed is the statement that drops p, retired, if it is still the
+// table listed (see dropListedSQL). A Partition not read from the catalog
+// (no OID) is dropped by name.
+func dropListed(tbl table, p Partition) string {
+	if p.oid == 0 {
+		return fmt.Sprintf("DROP TABLE %s", tbl.sibling(p.Name))
+	}
+	return listedBlock(dropListedSQL, tbl, p)
+}
+
+func listedBlock(body string, tbl table, p Partition) string {
+	return doBlock(fmt.Sprintf(body, tbl.sibling(p.Name), quote(p.Name), strconv.FormatUint(uint64(p.oid), 10), quote(tbl.sibling(p.Name))))
+}
+
+// doBlock wraps a PL/pgSQL body in DO, with a dollar-quote tag the body
+// does not hold.
+func doBlock(body string) string {
 	tag := "$drop$"
 	for i := 0; strings.Contains(body, tag); i++ {
 		tag = "$drop" + strconv.Itoa(i) + "$"
@@ -1730,7 +1830,7 @@ func listOnce(ctx context.Context, conn *pgx.Conn) ([]Partition, bool, error) {
 		for rows.Next() {
 			var p Partition
 			var bound *string
-			if err := rows.Scan(&p.Name, &bound, &p.DetachPending, &p.owner, &p.owned, &p.elsewhere); err != nil {
+			if err := rows.Scan(&p.oid, &p.archiveSchema, &p.Name, &bound, &p.DetachPending, &p.owner, &p.owned, &p.elsewhere); err != nil {
 				return err
 			}
 			if bound == nil {

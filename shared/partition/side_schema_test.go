@@ -155,6 +155,21 @@ func TestAPendingMonthOfAnotherSchemaIsReported(t *testing.T) {
 	require.NotContains(t, err.Error(), "does not exist")
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_inherits WHERE inhdetachpending AND inhrelid = to_regclass($1)", tbl),
 		"the other schema's table is left as it was")
+
+	// The statement given runs as printed in an operator's session, whose
+	// search_path does not hold the archive's schema (the archive was
+	// named unqualified, and not found there), and the next run then
+	// creates the month.
+	found := finalizeRE.FindStringSubmatch(res.Failed[0].Error)
+	require.NotNil(t, found, res.Failed[0].Error)
+	conn, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, found[1])
+	require.NoError(t, err, found[1])
+	res, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.Contains(t, res.Created, partition.Name(jan))
 }
 
 // Another schema's DEFAULT partition is reported as a DEFAULT (it blocks

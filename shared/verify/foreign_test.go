@@ -105,8 +105,27 @@ func TestAPendingPartitionOfAnotherSchemaIsNotLeftToAPartitionsRun(t *testing.T)
 
 	c := partitionsCheck(t, db)
 	require.False(t, c.Pass)
-	require.Contains(t, c.Figure, "restored_jan: attached from schema "+side)
+	require.Contains(t, c.Figure, side+`."restored_jan": attached from schema `+side)
 	require.Contains(t, c.Figure, "its detach was interrupted, so its rows are invisible")
-	require.Contains(t, c.Figure, `ALTER TABLE idempotency_key_archive DETACH PARTITION `+side+`."restored_jan" FINALIZE`)
+	require.Contains(t, c.Figure, `ALTER TABLE `+db.Schema+`.idempotency_key_archive DETACH PARTITION `+side+`."restored_jan" FINALIZE`)
 	require.NotContains(t, c.Figure, "run archivectl partitions to attach it again")
+}
+
+// Another schema's DEFAULT partition is named with its schema.
+func TestADefaultOfAnotherSchemaIsNamedWithItsSchema(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+	side := db.Schema + "_side"
+	for _, sql := range []string{
+		"CREATE SCHEMA " + side,
+		"CREATE TABLE " + side + ".catchall PARTITION OF idempotency_key_archive DEFAULT",
+	} {
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+side+" CASCADE") })
+	c := partitionsCheck(t, db)
+	require.False(t, c.Pass)
+	require.Contains(t, c.Figure, "DEFAULT partition "+side+`."catchall"`)
 }

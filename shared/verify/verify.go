@@ -129,7 +129,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 			detachPending = true
 			if p.OtherSchema() != "" {
 				// Another schema's: no partitions run touches it.
-				advice = append(advice, fmt.Sprintf("%s: %s", p.Name, p.Foreign()))
+				advice = append(advice, fmt.Sprintf("%s: %s", p.Label(), p.Foreign()))
 				continue
 			}
 			advice = append(advice, fmt.Sprintf("%s is detach-pending (its rows are invisible): run archivectl partitions to attach it again", p.Name))
@@ -140,7 +140,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 			// they block the month's partition: the check fails until it
 			// is gone.
 			hasDefault = true
-			advice = append(advice, fmt.Sprintf("DEFAULT partition %s: move its rows into monthly partitions and detach it", p.Name))
+			advice = append(advice, fmt.Sprintf("DEFAULT partition %s: move its rows into monthly partitions and detach it", p.Label()))
 			continue
 		}
 		if p.To.After(newest) {
@@ -153,7 +153,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 			// run fails on it. Bounds it cannot read ('infinity') count
 			// as overlapping: which months they hold is unknown here.
 			foreign = true
-			advice = append(advice, fmt.Sprintf("%s: %s", p.Name, problem))
+			advice = append(advice, fmt.Sprintf("%s: %s", p.Label(), problem))
 		}
 	}
 	switch {
