@@ -248,9 +248,18 @@ func dropStatement(tbl table, index string) string {
 	return fmt.Sprintf("DROP INDEX CONCURRENTLY IF EXISTS %s", tbl.sibling(index))
 }
 
-// quote renders s as a string literal (standard_conforming_strings is on in
-// every supported PostgreSQL).
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// quote renders s as a string literal that reads the same whatever the
+// session's standard_conforming_strings says: one holding a backslash (a
+// schema named so) is an escape string, E'...', with the backslash
+// doubled; with the setting off, a plain literal would read it as an
+// escape, and name another table, or none.
+func quote(s string) string {
+	s = strings.ReplaceAll(s, "'", "''")
+	if strings.Contains(s, `\`) {
+		return `E'` + strings.ReplaceAll(s, `\`, `\\`) + "'"
+	}
+	return "'" + s + "'"
+}
 
 // dropLeftovers drops the invalid indexes interrupted rebuilds left on the
 // archive's partitions, every run whether it compacts or not: a rebuild

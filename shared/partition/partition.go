@@ -1408,7 +1408,7 @@ func attachStatements(tbl table, p Partition) []string {
 	// Keep every partition with the archive's owner, so that whoever may
 	// manage the archive may later detach and drop it.
 	after := []string{fmt.Sprintf("ALTER TABLE %s OWNER TO %s", part, pgx.Identifier{tbl.owner}.Sanitize())}
-	partClass := "'" + strings.ReplaceAll(part, "'", "''") + "'::regclass"
+	partClass := quote(part) + "::regclass"
 	if tbl.triggers {
 		// Rows written into the partition directly (it names a statement)
 		// are recorded by its own triggers (migration 012).
@@ -1715,16 +1715,20 @@ func dropOrphan(tbl table, name string, from, to time.Time) string {
 // CONCURRENTLY (which cannot run in a transaction, nor beside a lock held
 // for it), waits for the table's lock as the DETACH would, and then
 // refuses a name that no longer means the table the run listed (%[3]s, its
-// OID). dropListedSQL checks the same under the lock DROP takes, so the
-// DROP never acts on another table: one detached in the instant between
-// the check and the DETACH is left in place, for the next run to refuse
-// (its rows are not its name's month) or to attach again. A table dropped
-// meanwhile is no error to the DROP. %[1]s is the table, %[2]s its name as
-// a literal, %[4]s the table as a literal.
+// OID). It takes the locks the DETACH takes (SHARE UPDATE EXCLUSIVE on the
+// archive, %[5]s, and on the month), in its order, so that it waits for
+// whatever the DETACH would wait for (an ANALYZE, an index build, hand
+// DDL), and the DETACH, right after, finds nothing left to wait for.
+// dropListedSQL checks the same under the lock DROP takes, so the DROP
+// never acts on another table: one detached in the instant between the
+// check and the DETACH is left in place, for the next run to refuse (its
+// rows are not its name's month). A table dropped meanwhile is no error
+// to the DROP. %[1]s is the table, %[2]s its name as a literal, %[4]s the
+// table as a literal.
 const (
 	checkListedSQL = `
 BEGIN
-    LOCK TABLE %[1]s IN ACCESS SHARE MODE;
+    LOCK TABLE %[5]s, %[1]s IN SHARE UPDATE EXCLUSIVE MODE;
     IF to_regclass(%[4]s) IS DISTINCT FROM %[3]s::oid::regclass THEN
         RAISE EXCEPTION 'table %% is no longer the partition this run listed (renamed since): not retired', %[2]s;
     END IF;
@@ -1765,7 +1769,7 @@ func dropListed(tbl table, p Partition) string {
 }
 
 func listedBlock(body string, tbl table, p Partition) string {
-	return doBlock(fmt.Sprintf(body, tbl.sibling(p.Name), quote(p.Name), strconv.FormatUint(uint64(p.oid), 10), quote(tbl.sibling(p.Name))))
+	return doBlock(fmt.Sprintf(body, tbl.sibling(p.Name), quote(p.Name), strconv.FormatUint(uint64(p.oid), 10), quote(tbl.sibling(p.Name)), tbl.qualified()))
 }
 
 // doBlock wraps a PL/pgSQL body in DO, with a dollar-quote tag the body

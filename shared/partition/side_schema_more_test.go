@@ -2,6 +2,7 @@ package partition_test
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"testing"
 	"time"
@@ -79,54 +80,61 @@ func TestADetachedMonthBesideAnotherSchemasTableIsToldWhich(t *testing.T) {
 // Hand DDL while a run waits to retire a month: the expired month is moved
 // away and a month inside the retention renamed to its name. The run's
 // statements find tables by name when they run, after the wait: it
-// detached and dropped November, rows and all. It now checks, after the
-// same wait, that the name still means the table it listed, and retires
-// nothing else.
+// detached and dropped November, rows and all. It now checks, after
+// waiting for whatever the DETACH would wait for (a lock taken by hand, an
+// ANALYZE of the month), that the name still means the table it listed,
+// and retires nothing else.
 func TestARetirementNeverActsOnATableRenamedMeanwhile(t *testing.T) {
 	t.Parallel()
-	db := dbtest.New(t)
-	ctx := context.Background()
-	m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
-	expired := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, err := m.EnsureMonth(ctx, expired)
-	require.NoError(t, err)
-	_, err = m.Run(ctx, false)
-	require.NoError(t, err)
-	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:nov", Status: 201, ExpiredAt: time.Date(2026, 11, 5, 0, 0, 0, 0, time.UTC)})
-	side := sideSchema(t, db)
+	for _, hold := range []string{"LOCK TABLE %s IN ACCESS EXCLUSIVE MODE", "ANALYZE %s", "LOCK TABLE %s IN SHARE MODE"} {
+		t.Run(hold, func(t *testing.T) {
+			t.Parallel()
+			db := dbtest.New(t)
+			ctx := context.Background()
+			m := newManager(t, db.Pool, partition.Config{Now: at(decNow)})
+			expired := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+			_, err := m.EnsureMonth(ctx, expired)
+			require.NoError(t, err)
+			_, err = m.Run(ctx, false)
+			require.NoError(t, err)
+			dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:nov", Status: 201, ExpiredAt: time.Date(2026, 11, 5, 0, 0, 0, 0, time.UTC)})
+			side := sideSchema(t, db)
 
-	hand, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = hand.Rollback(ctx) }()
-	_, err = hand.Exec(ctx, "LOCK TABLE "+partition.Name(expired)+" IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	var res partition.Result
-	var runErr error
-	go func() {
-		defer close(done)
-		res, runErr = newManager(t, db.Pool, partition.Config{Now: at(decNow), RetentionMonths: 12, LockTimeout: 20 * time.Second}).Run(ctx, false)
-	}()
-	// The run waits for the lock on the expired month.
-	require.Eventually(t, func() bool {
-		return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pidOf(t, hand)) > 0
-	}, 10*time.Second, 20*time.Millisecond)
-	for _, sql := range []string{
-		"ALTER TABLE " + partition.Name(expired) + " SET SCHEMA " + side,
-		"ALTER TABLE " + partition.Name(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)) + " RENAME TO " + partition.Name(expired),
-	} {
-		_, err = hand.Exec(ctx, sql)
-		require.NoError(t, err, sql)
+			hand, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = hand.Rollback(ctx) }()
+			_, err = hand.Exec(ctx, fmt.Sprintf(hold, partition.Name(expired)))
+			require.NoError(t, err)
+			done := make(chan struct{})
+			var res partition.Result
+			var runErr error
+			go func() {
+				defer close(done)
+				res, runErr = newManager(t, db.Pool, partition.Config{Now: at(decNow), RetentionMonths: 12, LockTimeout: 20 * time.Second}).Run(ctx, false)
+			}()
+			// The run waits for the hand session.
+			require.Eventually(t, func() bool {
+				return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pidOf(t, hand)) > 0
+			}, 10*time.Second, 20*time.Millisecond)
+			for _, sql := range []string{
+				"ALTER TABLE " + partition.Name(expired) + " SET SCHEMA " + side,
+				"ALTER TABLE " + partition.Name(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)) + " RENAME TO " + partition.Name(expired),
+			} {
+				_, err = hand.Exec(ctx, sql)
+				require.NoError(t, err, sql)
+			}
+			require.NoError(t, hand.Commit(ctx))
+			<-done
+
+			require.ErrorIs(t, runErr, partition.ErrIncomplete)
+			require.Empty(t, res.Retired)
+			require.Len(t, res.Failed, 1)
+			require.Contains(t, res.Failed[0].Error, "no longer the partition this run listed")
+			require.Contains(t, res.Failed[0].Error, "not retired", "refused before the DETACH")
+			require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:nov'"),
+				"November's row, inside the retention, is still in the archive")
+		})
 	}
-	require.NoError(t, hand.Commit(ctx))
-	<-done
-
-	require.ErrorIs(t, runErr, partition.ErrIncomplete)
-	require.Empty(t, res.Retired)
-	require.Len(t, res.Failed, 1)
-	require.Contains(t, res.Failed[0].Error, "no longer the partition this run listed")
-	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:nov'"),
-		"November's row, inside the retention, is still in the archive")
 }
 
 // A retirement's checks pass for the table listed: the month is retired.
