@@ -177,16 +177,16 @@ func (a *API) route(ctx context.Context, r Request) (any, error) {
 	rest := r.Path[i:]
 	var handler func() (any, error)
 	var params []string
+	var keyErr error
 	switch {
 	case strings.HasPrefix(rest, keysRoute+"/"):
 		key := strings.TrimPrefix(rest, keysRoute+"/")
 		handler = func() (any, error) { return a.lookup(ctx, key, r.Query["fingerprint"]) }
 		params = []string{"fingerprint"}
-		if key == "" {
-			// "keys/" with the investigation's parameters: the key is
-			// what is wrong, not the parameters.
-			params = nil
-		}
+		// The path's key is checked before the parameters: "keys/" with
+		// the investigation's parameters lacks a key, its parameters are
+		// not unknown.
+		keyErr = archive.ValidateKey(key)
 	case rest == keysRoute:
 		handler = func() (any, error) { return a.investigate(ctx, r.Query) }
 		params = queryParams
@@ -199,7 +199,10 @@ func (a *API) route(ctx context.Context, r Request) (any, error) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return nil, ErrMethodNotAllowed
 	}
-	if err := onlyParams(r.Query, params); err != nil && params != nil {
+	if keyErr != nil {
+		return nil, keyErr
+	}
+	if err := onlyParams(r.Query, params); err != nil {
 		return nil, err
 	}
 	return handler()

@@ -1631,8 +1631,7 @@ const listSQL = `
 SELECT c.oid, quote_ident(pn.nspname),
        c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,
        c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE'),
-       CASE WHEN c.relnamespace <> (SELECT relnamespace FROM pg_class WHERE oid = i.inhparent)
-            THEN c.relnamespace::regnamespace::text ELSE '' END
+       CASE WHEN c.relnamespace <> pc.relnamespace THEN c.relnamespace::regnamespace::text ELSE '' END
   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
   JOIN pg_class pc ON pc.oid = i.inhparent JOIN pg_namespace pn ON pn.oid = pc.relnamespace
  WHERE i.inhparent = to_regclass('idempotency_key_archive')
@@ -1713,12 +1712,12 @@ func dropOrphan(tbl table, name string, from, to time.Time) string {
 // inside the retention renamed to its name) would make a retirement detach
 // and drop another month. checkListedSQL, run just before the DETACH ...
 // CONCURRENTLY (which cannot run in a transaction, nor beside a lock held
-// for it), waits for the table's lock as the DETACH would, and then
-// refuses a name that no longer means the table the run listed (%[3]s, its
-// OID). It takes the locks the DETACH takes (SHARE UPDATE EXCLUSIVE on the
+// for it), takes the locks the DETACH takes (SHARE UPDATE EXCLUSIVE on the
 // archive, %[5]s, and on the month), in its order, so that it waits for
 // whatever the DETACH would wait for (an ANALYZE, an index build, hand
-// DDL), and the DETACH, right after, finds nothing left to wait for.
+// DDL); it then refuses a name that no longer means the table the run
+// listed (%[3]s, its OID), and the DETACH, right after, finds nothing left
+// to wait for.
 // dropListedSQL checks the same under the lock DROP takes, so the DROP
 // never acts on another table: one detached in the instant between the
 // check and the DETACH is left in place, for the next run to refuse (its
