@@ -85,6 +85,23 @@ func keptAside(t *testing.T, s *Redis, db *dbtest.DB, key string) (fp []byte, c 
 	return fp, c, up
 }
 
+// takenUpAfterReading returns a store on s's Redis whose client, right
+// after it reads the hash named name, has another request register key
+// (taking up the outcome kept aside), and a check that it did.
+func takenUpAfterReading(t *testing.T, s *Redis, db *dbtest.DB, key string, fp []byte, name string) (*Redis, func()) {
+	t.Helper()
+	var taken idempotency.Registration
+	var regErr error
+	r := hookedStore(t, s, db, &afterCommand{match: hgetallOf(name), fn: func() {
+		taken, regErr = s.Register(context.Background(), idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("cccccccccccccccc"), TTL: time.Hour})
+	}})
+	return r, func() {
+		t.Helper()
+		require.NoError(t, regErr)
+		require.False(t, taken.Fresh, "the registration took up A's outcome")
+	}
+}
+
 // noHashWithoutExpiry fails when a hash of key, its own or aside, has no
 // expiry.
 func noHashWithoutExpiry(t *testing.T, s *Redis, key string) {
@@ -132,14 +149,9 @@ func TestAnOutcomeTakenUpWhileItsAttemptArchivesItGetsItsExpiry(t *testing.T) {
 	const key = "idem:v1:aside-complete-race"
 	fp, c, up := keptAside(t, s, db, key)
 	up()
-	var taken idempotency.Registration
-	var regErr error
-	r := hookedStore(t, s, db, &afterCommand{match: hgetallOf(s.prefix + key), fn: func() {
-		taken, regErr = s.Register(ctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("cccccccccccccccc"), TTL: time.Hour})
-	}})
+	r, tookUp := takenUpAfterReading(t, s, db, key, fp, s.prefix+key)
 	require.ErrorIs(t, r.Complete(ctx, key, c), idempotency.ErrNotInFlight)
-	require.NoError(t, regErr)
-	require.False(t, taken.Fresh, "the registration took up A's outcome")
+	tookUp()
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", key))
 	noHashWithoutExpiry(t, s, key)
 }
@@ -154,15 +166,10 @@ func TestReconcileGivesAnOutcomeTakenUpMeanwhileItsExpiry(t *testing.T) {
 	const key = "idem:v1:aside-reconcile-race"
 	fp, _, up := keptAside(t, s, db, key)
 	up()
-	var taken idempotency.Registration
-	var regErr error
-	r := hookedStore(t, s, db, &afterCommand{match: hgetallOf(s.aside(key)), fn: func() {
-		taken, regErr = s.Register(ctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("cccccccccccccccc"), TTL: time.Hour})
-	}})
+	r, tookUp := takenUpAfterReading(t, s, db, key, fp, s.aside(key))
 	var reported []string
 	res, err := r.Reconcile(ctx, false, func(k string, err error) { reported = append(reported, k+": "+err.Error()) })
-	require.NoError(t, regErr)
-	require.False(t, taken.Fresh, "the registration took up A's outcome")
+	tookUp()
 	require.NoError(t, err)
 	require.Empty(t, reported)
 	require.Equal(t, 1, res.Archived, "%+v", res)
@@ -181,14 +188,9 @@ func TestAnOutcomeTakenUpBeforeItsAttemptKeepsItIsKeptOnce(t *testing.T) {
 	ctx := context.Background()
 	const key = "idem:v1:aside-kept-once"
 	fp, c, up := keptAside(t, s, db, key)
-	var taken idempotency.Registration
-	var regErr error
-	r := hookedStore(t, s, db, &afterCommand{match: hgetallOf(s.prefix + key), fn: func() {
-		taken, regErr = s.Register(ctx, idempotency.Registering{Key: key, Fingerprint: fp, Token: []byte("cccccccccccccccc"), TTL: time.Hour})
-	}})
+	r, tookUp := takenUpAfterReading(t, s, db, key, fp, s.prefix+key)
 	require.ErrorContains(t, r.Complete(ctx, key, c), "kept in Redis")
-	require.NoError(t, regErr)
-	require.False(t, taken.Fresh, "the registration took up A's outcome")
+	tookUp()
 	require.Zero(t, s.client.Exists(ctx, s.aside(key)).Val(), "no second copy aside")
 
 	up()
