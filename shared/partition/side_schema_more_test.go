@@ -148,7 +148,7 @@ func TestARetirementOfTheTableListedGoesThrough(t *testing.T) {
 	res, err := newManager(t, db.Pool, partition.Config{Now: at(decNow), RetentionMonths: 12}).Run(ctx, false)
 	require.NoError(t, err)
 	require.Equal(t, []string{"idempotency_key_archive_2025_01"}, res.Retired)
-	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE relname = 'idempotency_key_archive_2025_01'"))
+	require.Zero(t, dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE oid = to_regclass('idempotency_key_archive_2025_01')"))
 }
 
 // pidOf is the backend of tx.
