@@ -389,6 +389,37 @@ func TestAQueryThatRunsOutOfTimeIs503Timeout(t *testing.T) {
 	require.Contains(t, logs, "req-slow")
 }
 
+// The function keeps answerReserve free before the invocation's deadline
+// (a quarter of the time left when that is less), and leaves a context
+// without a deadline as it is.
+func TestTheLookupKeepsTimeToAnswerBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		left, kept time.Duration
+	}{
+		{10 * time.Second, answerReserve},
+		{4 * answerReserve, answerReserve},
+		{400 * time.Millisecond, 100 * time.Millisecond},
+		{0, 0},
+	} {
+		deadline := time.Now().Add(tc.left)
+		parent, cancel := context.WithDeadline(context.Background(), deadline)
+		ctx, cancelReserve := reserveAnswer(parent)
+		got, ok := ctx.Deadline()
+		require.True(t, ok)
+		// time.Until in reserveAnswer runs a moment after deadline was set,
+		// so the quarter kept can be that moment shorter.
+		require.InDelta(t, tc.kept, deadline.Sub(got), float64(10*time.Millisecond), "time left %s", tc.left)
+		require.LessOrEqual(t, deadline.Sub(got), tc.kept)
+		cancelReserve()
+		cancel()
+	}
+	ctx, cancel := reserveAnswer(context.Background())
+	defer cancel()
+	_, ok := ctx.Deadline()
+	require.False(t, ok, "a context without a deadline is given none")
+}
+
 // The function's log and answers never carry the database password. A
 // DATABASE_URL whose password holds an unescaped '@' (which pgx would read
 // partly as the host, then print in its connect error and send to DNS) fails
