@@ -108,12 +108,15 @@ SELECT count(*) FROM (
 // batch.sql), up to a cap: those that expire before year 1 (one range of
 // the expiry index) and, when $2, those with keys over 2,000 bytes, which
 // it finds by reading every expired row: only after a run that drained, when
-// the rows left expired are the few no batch could claim.
+// the rows left expired are the few no batch could claim. Like backlogSQL,
+// of which it is a part, it leaves out a key in flight within its grace ($3
+// ms): no batch would claim it yet, whatever its length.
 const unarchivableSQL = `
 SELECT count(*) FROM (
     SELECT 1 FROM idempotency_keys
      WHERE expires_at < '0001-01-01 00:00:00+00'
-        OR ($2 AND expires_at < now() AND octet_length(scoped_key) > 2000)
+        OR ($2 AND expires_at < now() AND octet_length(scoped_key) > 2000
+            AND (state = 'completed' OR expires_at < now() - $3 * interval '1 millisecond'))
      LIMIT $1) s`
 
 // MaxResourceIDBytes bounds the resource id an archive row keeps, in bytes:
@@ -411,6 +414,8 @@ const (
 	StoppedDeadline    = "deadline"
 	StoppedMaxDuration = "max_duration"
 	StoppedCanceled    = "canceled"
+	// StoppedError is a run that failed: Run's error says why.
+	StoppedError = "error"
 )
 
 // Result reports a sweep run.
@@ -433,7 +438,8 @@ type Result struct {
 	// database.ArbiterIndexSwapped).
 	IndexSwapRetries int  `json:"index_swap_retries"`
 	Drained          bool `json:"drained"`
-	// Stopped says why the run ended: drained, deadline, max_duration, canceled.
+	// Stopped says why the run ended: drained, deadline, max_duration,
+	// canceled, or error (Run returned an error, which says why).
 	Stopped string `json:"stopped"`
 	// Backlog is the number of expired rows still live after the run, capped at
 	// Config.BacklogCap; -1 when it could not be counted.
@@ -618,6 +624,9 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 	var noBatch *DeadlineError // set when the deadline (or MaxDuration, after timeouts only) stopped the run before any batch moved rows
 	defer func() {
 		res.DurationMS = time.Since(start).Milliseconds()
+		if err != nil && res.Stopped == "" {
+			res.Stopped = StoppedError
+		}
 		// Count the backlog even when the run was cut short: it is the figure
 		// an operator needs most then.
 		bctx, cancel := backlogContext(ctx)
@@ -626,7 +635,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			res.Backlog = n
 		}
 		if res.Backlog != 0 {
-			_ = s.pool.QueryRow(bctx, unarchivableSQL, s.cfg.BacklogCap, res.Drained).Scan(&res.Unarchivable)
+			_ = s.pool.QueryRow(bctx, unarchivableSQL, s.cfg.BacklogCap, res.Drained, s.cfg.InFlightGrace.Milliseconds()).Scan(&res.Unarchivable)
 		}
 		if noBatch != nil && err == nil && res.Backlog != 0 {
 			noBatch.Backlog = res.Backlog
@@ -896,8 +905,12 @@ func (s *Sweeper) uncoveredMonths(ctx context.Context) ([]time.Time, error) {
 }
 
 // createPartitions creates the missing months, or returns the error that
-// explains why the sweeper cannot. It fails when it made no progress, so a
-// batch can never loop on a partition it cannot create.
+// explains why the sweeper cannot. It tries every month, so that one it
+// cannot create (a hand-made partition overlaps it) holds back none of the
+// others, and succeeds when it created at least one: the batch then runs
+// again, and fails again only if a month it still needs failed, which the
+// next call reports alone. It fails when it made no progress, so a batch can
+// never loop on a partition it cannot create.
 func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitionError) ([]string, error) {
 	if len(missing.Months) == 0 {
 		// Every month the batch needs is covered now: someone created it
@@ -918,21 +931,41 @@ func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitio
 		defer cancel()
 	}
 	var created []string
-	for _, m := range missing.Months {
+	var failed []time.Time
+	var why error
+	for i, m := range missing.Months {
+		if err := ctx.Err(); err != nil {
+			failed, why = append(failed, missing.Months[i:]...), joinReasons(why, err)
+			break
+		}
 		stmts, err := s.partitions.EnsureMonth(ctx, m)
 		if err != nil {
-			missing.Err = err
-			return nil, missing
+			failed, why = append(failed, m), joinReasons(why, fmt.Errorf("%s: %w", m.Format("2006-01"), err))
+			continue
 		}
 		if len(stmts) > 0 {
 			created = append(created, partition.Name(m))
 		}
 	}
-	if len(created) == 0 {
+	switch {
+	case len(created) > 0:
+		return created, nil
+	case len(failed) > 0:
+		missing.Months, missing.Err = failed, why
+		return nil, missing
+	default:
 		// EnsureMonth found them all in place: created concurrently.
 		return nil, errPartitionRaced
 	}
-	return created, nil
+}
+
+// joinReasons appends err to the reasons so far on one line (errors.Join
+// would break an error line in two), keeping both matchable.
+func joinReasons(so error, err error) error {
+	if so == nil {
+		return err
+	}
+	return fmt.Errorf("%w; %w", so, err)
 }
 
 // backlogContext bounds the backlog count that ends every run: backlogGrace,
