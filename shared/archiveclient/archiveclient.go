@@ -21,10 +21,12 @@ import (
 	"reflect"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/aws/aws-sdk-go-v2/service/lambda/types"
+	"github.com/aws/smithy-go"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/lookupapi"
@@ -107,16 +109,55 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 		InvocationType: types.InvocationTypeRequestResponse,
 		Payload:        payload,
 	})
-	if err != nil {
+	switch {
+	case err != nil && misconfigured(err):
+		return archive.Record{}, fmt.Errorf("%w: %w", archive.ErrMisconfigured, err)
+	case err != nil:
 		return archive.Record{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	if out.FunctionError != nil {
+	case out == nil:
+		// An Invoker that wraps the SDK's (a recorder, a cache) and
+		// returned neither an answer nor an error.
+		return archive.Record{}, fmt.Errorf("%w: the invoker returned no answer and no error", ErrUnavailable)
+	case out.FunctionError != nil:
 		// The payload (a message and stack trace, up to 6 MB) is cut
 		// short: the middleware logs this error on every request while
 		// the function fails.
-		return archive.Record{}, fmt.Errorf("%w: function error %s: %s", ErrUnavailable, *out.FunctionError, out.Payload[:min(len(out.Payload), maxErrorPayload)])
+		return archive.Record{}, fmt.Errorf("%w: function error %s: %s", ErrUnavailable, clip(*out.FunctionError), clip(string(out.Payload)))
 	}
 	return readAnswer(out.Payload, scopedKey)
+}
+
+// misconfiguredCodes are the Invoke errors that every later call gets too,
+// until someone changes the configuration: no function of that name, a role
+// that may not invoke it, a name or payload Lambda refuses. They are
+// archive.ErrMisconfigured, which the middleware never fails open on: under
+// FailOpen, taken for an outage, they would run every late retry again.
+// Errors a later call may not get (throttling, a function being updated,
+// the service's own, credentials that expired or a clock that is off) stay
+// ErrUnavailable, for OnArchiveError to decide.
+var misconfiguredCodes = []string{
+	"ResourceNotFoundException",
+	"AccessDeniedException",
+	"InvalidParameterValueException",
+	"InvalidRequestContentException",
+}
+
+func misconfigured(err error) bool {
+	var apiErr smithy.APIError
+	return errors.As(err, &apiErr) && slices.Contains(misconfiguredCodes, apiErr.ErrorCode())
+}
+
+// clip cuts what an answer says to maxErrorPayload bytes for an error line,
+// at a character's boundary, with what it cut said.
+func clip(s string) string {
+	if len(s) <= maxErrorPayload {
+		return s
+	}
+	cut := s[:maxErrorPayload]
+	for i := 0; i < utf8.UTFMax && !utf8.ValidString(cut) && len(cut) > 0; i++ {
+		cut = cut[:len(cut)-1]
+	}
+	return fmt.Sprintf("%s... (%d bytes more)", cut, len(s)-len(cut))
 }
 
 // answer is a lookupapi.DirectResponse as this client reads it: each part
@@ -171,9 +212,14 @@ func readAnswer(payload []byte, scopedKey string) (archive.Record, error) {
 		case *a.Status == http.StatusNotFound && p.Code == "key_not_found":
 			return archive.Record{}, archive.ErrNotFound
 		case *a.Status >= 400 && *a.Status < 500 && p.Code != "key_not_found":
-			return archive.Record{}, fmt.Errorf("archive lookup rejected the key: %s: %s", p.Code, p.Detail)
+			// The key was checked as the function checks it before it was
+			// sent (archive.ValidateKey): a function that refuses it is
+			// one this client does not fit (another version, another
+			// route), and refuses the next key too. FailOpen would run
+			// every one of them.
+			return archive.Record{}, fmt.Errorf("%w: archive lookup rejected the key: status %d: %s: %s", archive.ErrMisconfigured, *a.Status, clip(p.Code), clip(p.Detail))
 		}
-		return archive.Record{}, fmt.Errorf("%w: status %d, problem %q", ErrUnavailable, *a.Status, p.Code)
+		return archive.Record{}, fmt.Errorf("%w: status %d, problem %q", ErrUnavailable, *a.Status, clip(p.Code))
 	}
 	return archive.Record{}, fmt.Errorf("%w: status %d", ErrUnavailable, *a.Status)
 }

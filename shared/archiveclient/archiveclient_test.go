@@ -148,6 +148,7 @@ func TestAnswersThatCouldMeanTwoThingsAreNotTrusted(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rec.InFlight())
 	_, err = archiveclient.Lambda{Client: answering(`{"status":400,"problem":{"code":"invalid_key","detail":"too long"}}`), FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
-	require.ErrorContains(t, err, "rejected the key: invalid_key")
+	require.ErrorContains(t, err, "rejected the key: status 400: invalid_key: too long")
+	require.ErrorIs(t, err, archive.ErrMisconfigured)
 	require.NotErrorIs(t, err, archiveclient.ErrUnavailable)
 }

@@ -602,6 +602,11 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			m.problem(w, r, http.StatusBadRequest, "idempotency_key_invalid", err.Error(), nil)
 			return
 		}
+		if r.Body == nil {
+			// A request built by hand (an adapter, a test) may have none;
+			// a server's always has one.
+			r.Body = http.NoBody
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodyBytes))
 		if err != nil {
 			var tooLarge *http.MaxBytesError
@@ -992,13 +997,24 @@ func (m *Middleware) retryAfter(w http.ResponseWriter) {
 func (m *Middleware) expired(w http.ResponseWriter, r *http.Request, status int, resourceID *string, created, expired time.Time) {
 	m.cfg.Metrics.Emit(metrics.Count(metrics.ExpiredReplayTotal, 1))
 	detail := fmt.Sprintf("this key was first used at %s and expired at %s; the original request is not run again",
-		created.UTC().Format(time.RFC3339), expired.UTC().Format(time.RFC3339))
+		instantText(created), instantText(expired))
 	m.problem(w, r, http.StatusConflict, "idempotency_key_expired", detail, map[string]any{
 		"original_status": status,
 		"resource_id":     resourceID,
 		"created_at":      archive.JSONTime(created),
 		"expired_at":      archive.JSONTime(expired),
 	})
+}
+
+// instantText writes t for a problem's detail: an instant the row does not
+// know (the zero time, archive.Instant's for an infinite one, which a row
+// written by hand may hold) is "an unknown time", not year 1. A known one
+// is written even where its JSON member is null (a BC date).
+func instantText(t time.Time) string {
+	if t.IsZero() {
+		return "an unknown time"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 // responseLost answers a key the archive holds whose window has not ended:
@@ -1008,7 +1024,7 @@ func (m *Middleware) responseLost(w http.ResponseWriter, r *http.Request, rec ar
 	m.cfg.Logger.WarnContext(r.Context(), "idempotency: live entry lost before its window ended; answered from the archive",
 		"expires_at", rec.ExpiredAt)
 	detail := fmt.Sprintf("this key was first used at %s and its window lasts until %s, but its stored response is no longer available; the original request is not run again",
-		rec.CreatedAt.UTC().Format(time.RFC3339), rec.ExpiredAt.UTC().Format(time.RFC3339))
+		instantText(rec.CreatedAt), instantText(rec.ExpiredAt))
 	m.problem(w, r, http.StatusConflict, "idempotency_key_response_unavailable", detail, map[string]any{
 		"original_status": rec.Status,
 		"resource_id":     rec.ResourceID,
