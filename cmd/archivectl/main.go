@@ -26,6 +26,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -248,22 +249,28 @@ func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []strin
 		if errors.As(err, &ce) && ce.Field == "CompactPerRun" {
 			return fmt.Errorf("--compact-per-run: %w", err)
 		}
+		if errors.As(err, &ce) && ce.Field == "LeadMonths" {
+			return fmt.Errorf("--lead-months: %w", err)
+		}
 		return err
 	}
 	// The summary is printed even when a step failed: the other steps ran,
 	// and it says which failed and why.
 	res, runErr := m.Run(ctx, *dryRun)
 	if *dryRun {
+		var plan strings.Builder
 		if len(res.Statements) == 0 && runErr == nil {
-			fmt.Fprintln(e.stdout, "-- nothing to do")
+			fmt.Fprintln(&plan, "-- nothing to do")
 		}
 		for _, f := range res.Foreign {
-			fmt.Fprintf(e.stdout, "-- not managed: %s %s: %s\n", f.Name, f.Bound, f.Problem)
+			fmt.Fprintf(&plan, "-- not managed: %s %s: %s\n", f.Name, f.Bound, f.Problem)
 		}
 		for _, stmt := range res.Statements {
-			fmt.Fprintln(e.stdout, stmt+";")
+			fmt.Fprintln(&plan, stmt+";")
 		}
-		return runErr
+		// A plan that could not be written (a full disk under `>
+		// plan.sql`) is a failure, not an empty plan.
+		return errors.Join(runErr, e.print(plan.String()))
 	}
 	if runErr != nil && len(res.Statements) == 0 && len(res.Failed) == 0 && len(res.Refused) == 0 {
 		return runErr // nothing ran: the error says it all
@@ -576,12 +583,22 @@ func cmdVerify(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 		return err
 	}
 	failed := false
+	var table strings.Builder
 	for _, c := range checks {
 		verdict := "PASS"
 		if !c.Pass {
 			verdict, failed = "FAIL", true
 		}
-		fmt.Fprintf(e.stdout, "%s  %-36s %s\n", verdict, c.Name, c.Figure)
+		figure := c.Figure
+		if strings.ContainsFunc(figure, unicode.IsControl) {
+			// A name made by hand (a partition's, a column's) must not
+			// write a line of its own, a PASS a script would read.
+			figure = strconv.Quote(figure)
+		}
+		fmt.Fprintf(&table, "%s  %-36s %s\n", verdict, c.Name, figure)
+	}
+	if err := e.print(table.String()); err != nil {
+		return err
 	}
 	if failed {
 		return errNo
@@ -812,6 +829,14 @@ func parseTime(flagName, v string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s is not an RFC 3339 time such as 2026-12-01T00:00:00Z: %q", flagName, v)
 	}
 	return t, nil
+}
+
+// print writes text to stdout; an error says the output is incomplete.
+func (e *env) print(text string) error {
+	if _, err := io.WriteString(e.stdout, text); err != nil {
+		return fmt.Errorf("write the output: %w", err)
+	}
+	return nil
 }
 
 func (e *env) printJSON(v any) error {

@@ -123,7 +123,14 @@ func scanKeywords(s string, keys map[string]bool) error {
 		if eq < 0 {
 			return errors.New("database URL is not a valid PostgreSQL connection string")
 		}
-		keys[canonicalKey(strings.Trim(s[:eq], space))] = true
+		key := strings.Trim(s[:eq], space)
+		if key == "" || strings.Trim(key, keywordChars) != "" {
+			// Not a keyword (a JDBC URL, "postgresql+psycopg2://..."):
+			// pgx would send it and its value, which may be a password,
+			// to the server as a setting. The key is not echoed.
+			return errors.New("database URL is neither a postgres:// URL nor keyword=value pairs")
+		}
+		keys[canonicalKey(key)] = true
 		s = strings.TrimLeft(s[eq+1:], space)
 		quoted := strings.HasPrefix(s, "'")
 		if quoted {
@@ -146,6 +153,10 @@ func scanKeywords(s string, keys map[string]bool) error {
 	}
 	return nil
 }
+
+// keywordChars are those of connection keywords and of the settings pgx
+// passes on as runtime parameters (custom ones hold a '.').
+const keywordChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_."
 
 func canonicalKey(k string) string {
 	if k == "dbname" {

@@ -242,3 +242,27 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		require.Equal(t, field, ce.Field)
 	}
 }
+
+// A connection string that is neither a postgres:// URL nor keyword=value
+// pairs (a JDBC URL, an SQLAlchemy one) is refused without a word of it:
+// pgx would read it as keyword=value pairs and send its "keywords" and their
+// values, a password among them, to the server as settings. Keyword/value
+// strings, custom settings with a '.' included, are read as before.
+func TestAConnectionStringOfAnotherDialectIsRefusedWithoutAWordOfIt(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cretPw"
+	for _, url := range []string{
+		"jdbc:postgresql://db.example.com/app?user=app&password=" + secret,
+		"postgresql+psycopg2://app:" + secret + "@db.example.com/app?sslmode=verify-full",
+		"host=db.example.com password=" + secret + " =x",
+	} {
+		_, err := database.Config{URL: url}.PoolConfig()
+		require.ErrorContains(t, err, "neither a postgres:// URL nor keyword=value pairs", url)
+		require.NotContains(t, err.Error(), secret)
+		require.NotContains(t, err.Error(), "example.com")
+	}
+	cfg, err := database.Config{URL: "host=db.example.com user=app password='a b' sslmode=verify-full idemarchive.flag=on application_name=x"}.PoolConfig()
+	require.NoError(t, err)
+	require.Equal(t, "a b", cfg.ConnConfig.Password)
+	require.Equal(t, "on", cfg.ConnConfig.RuntimeParams["idemarchive.flag"])
+}

@@ -332,8 +332,10 @@ type Result struct {
 	Adopted []string `json:"adopted,omitempty"`
 	// PlainKeys is what the run did to keep idempotency_archive_plain_keys
 	// complete and small (package plainkeys); nil in a dry run.
-	PlainKeys  *PlainKeys `json:"plain_keys,omitempty"`
-	Statements []string   `json:"statements"`
+	PlainKeys *PlainKeys `json:"plain_keys,omitempty"`
+	// Statements are those of every step the run ran or tried (in a dry
+	// run, would run); a step in Failed did not complete them.
+	Statements []string `json:"statements"`
 	// Foreign lists partitions the manager does not manage.
 	Foreign []Foreign `json:"foreign,omitempty"`
 	// Refused lists retirements the guard refused; any makes Run fail.
@@ -511,6 +513,10 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		if !dryRun {
 			if err := m.execute(ctx, conn.Conn(), s); err != nil {
 				if ctx.Err() != nil {
+					// The summary says which step was cut short, and what
+					// it left: the steps after it did not run.
+					err = fmt.Errorf("%w (%s)", err, interrupted(s))
+					res.Failed = append(res.Failed, Failure{Action: s.kind, Partition: s.partition, Error: err.Error()})
 					return res, err
 				}
 				msg := explain(err, deflt)
@@ -1475,6 +1481,18 @@ func pendingStatement(tbl table, part, lo, hi string) string {
 // the detach stays pending, so trying again is safe; the other statement has
 // gone on meanwhile.
 const finalizeAttempts = 3
+
+// interrupted says what a step the run's context cut short left behind: a
+// transaction's steps roll back; a retirement outside one (DETACH ...
+// CONCURRENTLY, then DROP) can leave its month detach-pending or detached,
+// which the next run finishes (it finalizes a pending detach and drops a
+// detached month past the retention).
+func interrupted(s step) string {
+	if s.inTx {
+		return "interrupted: rolled back, the steps after it did not run"
+	}
+	return "interrupted: the month may be left detach-pending or detached, which the next partitions run finishes; the steps after it did not run"
+}
 
 func (m *Manager) execute(ctx context.Context, conn *pgx.Conn, s step) error {
 	for attempt := 1; ; attempt++ {
