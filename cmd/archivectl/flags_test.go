@@ -95,7 +95,7 @@ func TestWholeNumberFlagsRefuseWhatTheVariablesRefuse(t *testing.T) {
 // option named twice: the flag package kept the last value silently, so
 // "--dry-run --dry-run=false" ran for real and "--retention-months 36
 // --retention-months 2" retired 34 months more than the first value said.
-// The same value twice, and --emit-metrics (taken out before the command's
+// The same value twice, and --emit-metrics (read before the command's
 // flags), are refused alike. After "--" a flag's name is data.
 func TestAFlagGivenTwiceIsRefused(t *testing.T) {
 	t.Parallel()

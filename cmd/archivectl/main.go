@@ -102,6 +102,9 @@ type env struct {
 	// helpOnly: the arguments may ask for help; commands parse their flags
 	// and stop before touching configuration or the database.
 	helpOnly bool
+	// emitMetrics is --emit-metrics as run read it before the command's
+	// flags were parsed; emitMetricsParsed is what the parse read.
+	emitMetrics, emitMetricsParsed bool
 }
 
 // errNotHelp ends a helpOnly run whose "-h" turned out to be data (a value,
@@ -142,10 +145,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitError
 	}
 
-	// --emit-metrics is every command's flag: taken out before the
-	// command's own flags are parsed, and only before "--" (after it,
-	// everything is an argument).
-	rest, emitMetrics, err := takeFlag(args[1:], "emit-metrics")
+	// --emit-metrics is every command's flag, read before the command's
+	// own flags are parsed (the metrics are set up first), only before
+	// "--" (after it, everything is an argument); the command's parse
+	// reads it again and refuses a disagreement (see parse).
+	rest := args[1:]
+	emitMetrics, err := scanFlag(rest, "emit-metrics")
 	if err != nil {
 		return fail(err)
 	}
@@ -153,7 +158,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	// neither configuration nor a database. Only the flag parser can tell
 	// "-h" the flag from "-h" the key or value.
 	{
-		e := &env{stdout: stdout, stderr: stderr, helpOnly: true}
+		e := &env{stdout: stdout, stderr: stderr, helpOnly: true, emitMetrics: emitMetrics}
 		switch err := cmd(ctx, e, nil, rest); {
 		case errors.Is(err, flag.ErrHelp):
 			return exitOK
@@ -166,10 +171,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return fail(err)
 	}
 	e := &env{
-		stdout:   stdout,
-		stderr:   stderr,
-		settings: s,
-		getenv:   getenv,
+		stdout:      stdout,
+		stderr:      stderr,
+		settings:    s,
+		getenv:      getenv,
+		emitMetrics: emitMetrics,
 		// JSON, like every other log line the project writes.
 		logger: slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
@@ -608,6 +614,7 @@ func cmdVerify(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 
 func newFlagSet(name string, e *env) *flag.FlagSet {
 	fs := flag.NewFlagSet("archivectl "+name, flag.ContinueOnError)
+	fs.BoolVar(&e.emitMetricsParsed, "emit-metrics", false, "write the run's metrics as CloudWatch EMF lines on stderr")
 	// The flag package prints errors and usage itself; errors are reported
 	// once, on one line, by run, and usage only on -h.
 	fs.SetOutput(io.Discard)
@@ -655,6 +662,13 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 		}
 		pos = append(pos, args[0])
 		args = args[1:]
+	}
+	if e.emitMetricsParsed != e.emitMetrics {
+		// A flag given no value took --emit-metrics for its own
+		// ("--prefix --emit-metrics --dry-run" read as prefix
+		// "--emit-metrics", or the flags after it shifted): run the
+		// command as neither reading says.
+		return nil, errors.New("--emit-metrics was read as another flag's value: give that flag its value (--name=value)")
 	}
 	if e.helpOnly {
 		return nil, errNotHelp
@@ -724,22 +738,19 @@ func flagPart(args []string) []string {
 	return args
 }
 
-// takeFlag removes a boolean flag (-name or --name, or either with =value
-// as the flag package spells booleans: =true, =false, =1, =0, ...) from the
-// flag part of args, and reports whether it is on. Given more than once, it
-// is refused, as every flag is (see parse).
-func takeFlag(args []string, name string) ([]string, bool, error) {
-	flags := flagPart(args)
-	out := make([]string, 0, len(args))
+// scanFlag reports whether a boolean flag (-name or --name, or either with
+// =value as the flag package spells booleans: =true, =false, =1, =0, ...)
+// is on in the flag part of args. Given more than once, it is refused, as
+// every flag is (see parse).
+func scanFlag(args []string, name string) (bool, error) {
 	on, seen := false, false
-	for _, a := range flags {
+	for _, a := range flagPart(args) {
 		flag, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
 		if !strings.HasPrefix(a, "-") || flag != name {
-			out = append(out, a)
 			continue
 		}
 		if seen {
-			return nil, false, fmt.Errorf("--%s is given more than once: give each flag once", name)
+			return false, fmt.Errorf("--%s is given more than once: give each flag once", name)
 		}
 		seen = true
 		if !hasValue {
@@ -748,11 +759,11 @@ func takeFlag(args []string, name string) ([]string, bool, error) {
 		}
 		b, err := strconv.ParseBool(value)
 		if err != nil {
-			return nil, false, fmt.Errorf("invalid boolean value %q for --%s", value, name)
+			return false, fmt.Errorf("invalid boolean value %q for --%s", value, name)
 		}
 		on = b
 	}
-	return append(out, args[len(flags):]...), on, nil
+	return on, nil
 }
 
 // atLeast rejects a flag given explicitly with a value below min.

@@ -128,3 +128,35 @@ PASS  all_good" PARTITION OF idempotency_key_archive FOR VALUES FROM ('2001-01-1
 	require.Contains(t, r.stdout, `odd\nPASS  all_good`)
 	require.NotContains(t, r.stdout, "\nPASS  all_good")
 }
+
+// A flag given no value takes the next argument for it, --emit-metrics
+// included: "--prefix --emit-metrics --dry-run" would reconcile for real
+// under the prefix "--emit-metrics", or "--dry-run" once --emit-metrics was
+// taken out. Such a line is refused; --emit-metrics is every command's flag
+// wherever it stands among the flags, and its help names it.
+func TestEmitMetricsTakenForAnotherFlagsValueIsRefused(t *testing.T) {
+	t.Parallel()
+	noDB := map[string]string{"DATABASE_URL": ""}
+	for _, args := range [][]string{
+		{"redis-reconcile", "--prefix", "--emit-metrics", "--dry-run"},
+		{"lookup", "--fingerprint", "--emit-metrics", "k"},
+		{"query", "--scope-prefix", "--emit-metrics"},
+	} {
+		r := cli(t, nil, noDB, args...)
+		requireOneLineError(t, r, "--emit-metrics was read as another flag's value: give that flag its value (--name=value)")
+		require.Empty(t, r.stdout, args)
+	}
+	// Given its value with '=', the same flag value is taken as written
+	// (the run goes on to the missing DATABASE_URL).
+	requireOneLineError(t, cli(t, nil, noDB, "lookup", "--fingerprint=--emit-metrics", "k"), "DATABASE_URL")
+	for _, args := range [][]string{
+		{"lookup", "k", "--emit-metrics"},
+		{"partitions", "--emit-metrics=true", "--dry-run"},
+		{"verify", "--recent", "1h", "-emit-metrics"},
+	} {
+		requireOneLineError(t, cli(t, nil, noDB, args...), "DATABASE_URL")
+	}
+	r := cli(t, nil, noDB, "verify", "-h")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stderr, "-emit-metrics")
+}
