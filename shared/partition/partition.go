@@ -1584,9 +1584,19 @@ func advisoryLock(ctx context.Context, conn *pgx.Conn, tbl table) (func(), error
 		}
 	}
 	return func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock("+key+")", tbl.schema)
+		// Bounded even once ctx has ended: a database that stopped
+		// answering must not hold the run (and a Lambda's answer) past its
+		// deadline. A lock not released goes with its connection, closed.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockWait)
+		defer cancel()
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock("+key+")", tbl.schema); err != nil {
+			_ = conn.Close(ctx)
+		}
 	}, nil
 }
+
+// unlockWait bounds the release of the partition advisory lock.
+const unlockWait = 2 * time.Second
 
 // lockPoll is how often a partition run or EnsureMonth tries the advisory
 // lock while another holds it.

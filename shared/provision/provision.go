@@ -188,7 +188,11 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logge
 		return res, fmt.Errorf("partition run: %w", err)
 	}
 	if runPool != pool {
-		defer runPool.Close()
+		defer closeWithin(runPool, cleanupWait)
+	} else if pool.Config().MaxConns < 2 {
+		// The run's lock holds the pool's one connection: the partition
+		// run would wait for another until the deadline.
+		return res, errors.New("partition run: the run's lock holds the pool's only connection: set DATABASE_MAX_CONNS to 2 or more")
 	}
 	parts, err := partition.NewManager(runPool, cfg.Partitions, emitter)
 	if err != nil {
@@ -252,7 +256,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, conn *pgxpool.Conn, cfg Co
 	if migrator == pool {
 		return schema.ApplyMigrations(ctx, conn.Conn(), logger)
 	}
-	defer migrator.Close()
+	defer closeWithin(migrator, cleanupWait)
 	// tern's version table may still be the migrating user's (made by the
 	// first deploy, before a release whose grants give it to the owner).
 	if err := giveVersionTable(ctx, conn); err != nil {
@@ -373,12 +377,34 @@ func lockRun(ctx context.Context, conn *pgxpool.Conn) (func(), error) {
 		return nil, fmt.Errorf("lock the run (another deploy's run holds the lock): %w", err)
 	}
 	return func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupWait)
 		defer cancel()
 		if _, err := conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended($1::pg_catalog.text, 0::pg_catalog.int8))", key); err != nil {
 			_ = conn.Conn().Close(ctx)
 		}
 	}, nil
+}
+
+// cleanupWait bounds each step of a run's cleanup (releasing its lock,
+// closing the owner user's pool), which runs once the caller's context may
+// have ended: a database that stopped answering would otherwise hold each
+// for pgx's own waits (15 s to close a connection), past the time the
+// migrate function keeps to answer CloudFormation. A lock not released in
+// time goes with its connection, closed; a pool not closed in time closes
+// on its own afterwards.
+const cleanupWait = 2 * time.Second
+
+// closeWithin closes p, waiting at most d for it.
+func closeWithin(p *pgxpool.Pool, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
 }
 
 // ownerSignInAttempts and ownerSignInPause bound the wait for the owner
