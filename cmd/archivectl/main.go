@@ -269,7 +269,9 @@ func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []strin
 			fmt.Fprintln(&plan, "-- nothing to do")
 		}
 		for _, f := range res.Foreign {
-			fmt.Fprintf(&plan, "-- not managed: %s %s: %s\n", f.Name, f.Bound, f.Problem)
+			// A comment line: a name made by hand must not end it and
+			// write a statement of its own into a plan run with psql -f.
+			fmt.Fprintf(&plan, "-- not managed: %s %s: %s\n", oneLineText(f.Name), oneLineText(f.Bound), oneLineText(f.Problem))
 		}
 		for _, stmt := range res.Statements {
 			fmt.Fprintln(&plan, stmt+";")
@@ -595,13 +597,9 @@ func cmdVerify(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) e
 		if !c.Pass {
 			verdict, failed = "FAIL", true
 		}
-		figure := c.Figure
-		if strings.ContainsFunc(figure, unicode.IsControl) {
-			// A name made by hand (a partition's, a column's) must not
-			// write a line of its own, a PASS a script would read.
-			figure = strconv.Quote(figure)
-		}
-		fmt.Fprintf(&table, "%s  %-36s %s\n", verdict, c.Name, figure)
+		// A name made by hand (a partition's, a column's) in a figure
+		// must not write a line of its own, a PASS a script would read.
+		fmt.Fprintf(&table, "%s  %-36s %s\n", verdict, c.Name, oneLineText(c.Figure))
 	}
 	if err := e.print(table.String()); err != nil {
 		return err
@@ -663,12 +661,22 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
-	if e.emitMetricsParsed != e.emitMetrics {
-		// A flag given no value took --emit-metrics for its own
-		// ("--prefix --emit-metrics --dry-run" read as prefix
-		// "--emit-metrics", or the flags after it shifted): run the
-		// command as neither reading says.
-		return nil, errors.New("--emit-metrics was read as another flag's value: give that flag its value (--name=value)")
+	// A flag given no value takes the next argument for its own:
+	// "--prefix --emit-metrics --dry-run" is read as prefix
+	// "--emit-metrics", "--prefix -- --emit-metrics" as prefix "--". Run
+	// as neither the line's reader nor its writer meant, it is refused.
+	var took error
+	fs.Visit(func(f *flag.Flag) {
+		v := f.Value.String()
+		if name := strings.TrimLeft(v, "-"); took == nil && name != v && (name == "emit-metrics" || strings.HasPrefix(name, "emit-metrics=")) {
+			took = fmt.Errorf("--%s took %q for its value: give each flag its value (--name=value)", f.Name, v)
+		}
+	})
+	if took == nil && e.emitMetricsParsed != e.emitMetrics {
+		took = errors.New(`a flag took "--" or --emit-metrics for its value: give each flag its value (--name=value)`)
+	}
+	if took != nil {
+		return nil, took
 	}
 	if e.helpOnly {
 		return nil, errNotHelp
@@ -840,6 +848,15 @@ func parseTime(flagName, v string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s is not an RFC 3339 time such as 2026-12-01T00:00:00Z: %q", flagName, v)
 	}
 	return t, nil
+}
+
+// oneLineText is s, quoted when it holds a control character (a newline in
+// a name made by hand), so that it stays on the line it is printed on.
+func oneLineText(s string) string {
+	if strings.ContainsFunc(s, unicode.IsControl) {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 // print writes text to stdout; an error says the output is incomplete.

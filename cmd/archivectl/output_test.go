@@ -130,33 +130,57 @@ PASS  all_good" PARTITION OF idempotency_key_archive FOR VALUES FROM ('2001-01-1
 }
 
 // A flag given no value takes the next argument for it, --emit-metrics
-// included: "--prefix --emit-metrics --dry-run" would reconcile for real
-// under the prefix "--emit-metrics", or "--dry-run" once --emit-metrics was
-// taken out. Such a line is refused; --emit-metrics is every command's flag
+// included: "--prefix --emit-metrics --dry-run" would reconcile under the
+// prefix "--emit-metrics" (or, --emit-metrics taken out first, "--dry-run",
+// for real), "--prefix -- --emit-metrics" under "--". Such a line is
+// refused, in every spelling; --emit-metrics is every command's flag
 // wherever it stands among the flags, and its help names it.
 func TestEmitMetricsTakenForAnotherFlagsValueIsRefused(t *testing.T) {
 	t.Parallel()
 	noDB := map[string]string{"DATABASE_URL": ""}
-	for _, args := range [][]string{
-		{"redis-reconcile", "--prefix", "--emit-metrics", "--dry-run"},
-		{"lookup", "--fingerprint", "--emit-metrics", "k"},
-		{"query", "--scope-prefix", "--emit-metrics"},
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"redis-reconcile", "--prefix", "--emit-metrics", "--dry-run"}, `--prefix took "--emit-metrics" for its value`},
+		{[]string{"redis-reconcile", "--prefix", "--emit-metrics=false", "--dry-run"}, `--prefix took "--emit-metrics=false" for its value`},
+		{[]string{"lookup", "--fingerprint", "-emit-metrics", "k"}, `--fingerprint took "-emit-metrics" for its value`},
+		{[]string{"lookup", "--fingerprint=--emit-metrics", "k"}, `--fingerprint took "--emit-metrics" for its value`},
+		{[]string{"query", "--scope-prefix", "--emit-metrics"}, `--scope-prefix took "--emit-metrics" for its value`},
+		{[]string{"redis-reconcile", "--prefix", "--", "--emit-metrics"}, `a flag took "--" or --emit-metrics for its value`},
 	} {
-		r := cli(t, nil, noDB, args...)
-		requireOneLineError(t, r, "--emit-metrics was read as another flag's value: give that flag its value (--name=value)")
-		require.Empty(t, r.stdout, args)
+		r := cli(t, nil, noDB, tc.args...)
+		requireOneLineError(t, r, tc.want+": give each flag its value (--name=value)")
+		require.Empty(t, r.stdout, tc.args)
 	}
-	// Given its value with '=', the same flag value is taken as written
-	// (the run goes on to the missing DATABASE_URL).
-	requireOneLineError(t, cli(t, nil, noDB, "lookup", "--fingerprint=--emit-metrics", "k"), "DATABASE_URL")
 	for _, args := range [][]string{
 		{"lookup", "k", "--emit-metrics"},
 		{"partitions", "--emit-metrics=true", "--dry-run"},
 		{"verify", "--recent", "1h", "-emit-metrics"},
+		{"redis-reconcile", "--prefix=app:", "--emit-metrics", "--dry-run"},
+		{"lookup", "--emit-metrics", "--", "--emit-metrics"},
 	} {
+		// The run goes on, to the missing DATABASE_URL.
 		requireOneLineError(t, cli(t, nil, noDB, args...), "DATABASE_URL")
 	}
 	r := cli(t, nil, noDB, "verify", "-h")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stderr, "-emit-metrics")
+}
+
+// A dry run's plan is SQL an operator may run with psql -f: a name made by
+// hand that holds a newline (a partition's) stays inside its comment line.
+func TestADryRunPlanKeepsAHandMadeNameInItsComment(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE "odd
+DROP TABLE idempotency_keys; --" PARTITION OF idempotency_key_archive FOR VALUES FROM ('2001-01-10') TO ('2001-02-10')`)
+	require.NoError(t, err)
+	r := cli(t, db, nil, "partitions", "--dry-run")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, `-- not managed: "odd\nDROP TABLE idempotency_keys; --"`)
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		require.False(t, strings.HasPrefix(line, "DROP TABLE idempotency_keys"), "a line of its own: %q", line)
+	}
 }

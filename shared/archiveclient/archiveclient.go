@@ -154,10 +154,17 @@ func clip(s string) string {
 		return s
 	}
 	cut := s[:maxErrorPayload]
-	for i := 0; i < utf8.UTFMax && !utf8.ValidString(cut) && len(cut) > 0; i++ {
-		cut = cut[:len(cut)-1]
+	// Back off a character cut in two: the start of the last one, if what
+	// follows it is not whole. Bytes that are no character anyway stay.
+	for i := len(cut) - 1; i >= 0 && i >= len(cut)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(cut[i]) {
+			if !utf8.FullRuneInString(cut[i:]) {
+				cut = cut[:i]
+			}
+			break
+		}
 	}
-	return fmt.Sprintf("%s... (%d bytes more)", cut, len(s)-len(cut))
+	return fmt.Sprintf("%s... (%d more bytes)", cut, len(s)-len(cut))
 }
 
 // answer is a lookupapi.DirectResponse as this client reads it: each part

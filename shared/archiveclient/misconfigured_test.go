@@ -19,6 +19,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/archiveclient"
 	"github.com/idemarchive/idemarchive/shared/idempotency"
+	"github.com/idemarchive/idemarchive/shared/lookupapi"
 )
 
 // lambdaAPI is the Lambda service's Invoke endpoint answering every call
@@ -93,7 +94,7 @@ func TestAFunctionThatRefusesTheKeyNeverFailsOpen(t *testing.T) {
 	require.ErrorContains(t, err, "rejected the key: status 400: bad_request: éé")
 	require.Less(t, len(err.Error()), 4096)
 	require.True(t, utf8.ValidString(err.Error()), "cut inside a character")
-	require.Contains(t, err.Error(), "bytes more)")
+	require.Contains(t, err.Error(), "more bytes)")
 
 	mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
 	require.NoError(t, err)
@@ -125,4 +126,27 @@ func TestAnInvokerThatReturnsNothingIsUnavailable(t *testing.T) {
 	require.NotPanics(t, func() { _, err = c.Lookup(context.Background(), "idem:v1:k", nil) })
 	require.ErrorIs(t, err, archiveclient.ErrUnavailable)
 	require.ErrorContains(t, err, "no answer and no error")
+}
+
+// What a failing function says is cut at 1 KiB for the log line: a
+// character cut in two is left out whole, bytes that are no character are
+// kept as they are, and 1 KiB or less is kept whole.
+func TestAFailingFunctionsWordsAreCutAtACharacter(t *testing.T) {
+	t.Parallel()
+	fe := "Unhandled"
+	errorOf := func(payload string) string {
+		c := archiveclient.Lambda{Client: &function{out: func(lookupapi.DirectRequest) *lambda.InvokeOutput {
+			return &lambda.InvokeOutput{StatusCode: 200, FunctionError: &fe, Payload: []byte(payload)}
+		}}, FunctionName: "lookup"}
+		_, err := c.Lookup(context.Background(), "idem:v1:k", nil)
+		require.ErrorIs(t, err, archiveclient.ErrUnavailable)
+		_, said, _ := strings.Cut(err.Error(), "function error Unhandled: ")
+		return said
+	}
+	whole := strings.Repeat("a", 1024)
+	require.Equal(t, whole, errorOf(whole))
+	require.Equal(t, strings.Repeat("a", 1023)+"... (2 more bytes)", errorOf(strings.Repeat("a", 1023)+"é"), "é cut in two is left out")
+	require.Equal(t, strings.Repeat("a", 1021)+"... (8 more bytes)", errorOf(strings.Repeat("a", 1021)+"😀😀"))
+	// Not UTF-8 early on: the end is still cut at 1024, not backed off.
+	require.Equal(t, "\xff"+strings.Repeat("a", 1023)+"... (10 more bytes)", errorOf("\xff"+strings.Repeat("a", 1033)))
 }

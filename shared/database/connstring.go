@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -124,7 +125,7 @@ func scanKeywords(s string, keys map[string]bool) error {
 			return errors.New("database URL is not a valid PostgreSQL connection string")
 		}
 		key := strings.Trim(s[:eq], space)
-		if key == "" || strings.Trim(key, keywordChars) != "" {
+		if !keyword(key) {
 			// Not a keyword (a JDBC URL, "postgresql+psycopg2://..."):
 			// pgx would send it and its value, which may be a password,
 			// to the server as a setting. The key is not echoed.
@@ -154,9 +155,22 @@ func scanKeywords(s string, keys map[string]bool) error {
 	return nil
 }
 
-// keywordChars are those of connection keywords and of the settings pgx
-// passes on as runtime parameters (custom ones hold a '.').
-const keywordChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_."
+// keyword reports whether k can be a connection keyword, or a setting pgx
+// passes on as a runtime parameter: letters (any script, as PostgreSQL
+// takes in a name), digits, '_', '$' and, in a custom setting's name, '.'.
+// Another dialect's string holds ':', '/', ';' or '+' in what would be its
+// first keyword.
+func keyword(k string) bool {
+	if k == "" {
+		return false
+	}
+	for _, r := range k {
+		if !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '_' && r != '$' && r != '.' {
+			return false
+		}
+	}
+	return true
+}
 
 func canonicalKey(k string) string {
 	if k == "dbname" {

@@ -261,8 +261,10 @@ func TestAConnectionStringOfAnotherDialectIsRefusedWithoutAWordOfIt(t *testing.T
 		require.NotContains(t, err.Error(), secret)
 		require.NotContains(t, err.Error(), "example.com")
 	}
-	cfg, err := database.Config{URL: "host=db.example.com user=app password='a b' sslmode=verify-full idemarchive.flag=on application_name=x"}.PoolConfig()
+	cfg, err := database.Config{URL: "host=db.example.com user=app password='a b' sslmode=verify-full idemarchive.flag=on myapp.cost$limit=5 app.größe=1 application_name=x"}.PoolConfig()
 	require.NoError(t, err)
 	require.Equal(t, "a b", cfg.ConnConfig.Password)
 	require.Equal(t, "on", cfg.ConnConfig.RuntimeParams["idemarchive.flag"])
+	require.Equal(t, "5", cfg.ConnConfig.RuntimeParams["myapp.cost$limit"], "PostgreSQL takes '$' in a setting's name")
+	require.Equal(t, "1", cfg.ConnConfig.RuntimeParams["app.größe"], "and letters of any script")
 }

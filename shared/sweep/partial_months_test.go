@@ -124,3 +124,53 @@ func TestAFailedRunSaysItStoppedOnAnError(t *testing.T) {
 	require.ErrorAs(t, err, &missing)
 	require.Equal(t, sweep.StoppedError, res.Stopped)
 }
+
+// holdPartitionLock holds the partition manager's advisory lock on the
+// test's schema (a partition run that takes its time) until the test ends.
+func holdPartitionLock(t *testing.T, b bundle) {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := b.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = holder.Exec(context.Background(), "SELECT pg_advisory_unlock_all()")
+		holder.Release()
+	})
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended('idempotency_key_archive partitions ' || $1::text, 0))", b.db.Schema)
+	require.NoError(t, err)
+}
+
+// A sweep interrupted (SIGTERM, Ctrl-C) while it waits to create a month
+// its batch needs says canceled, as one interrupted during a batch or a
+// pause does; one whose wait ends at the deadline margin says deadline, and
+// names the month still missing.
+func TestAWaitToCreateAMonthEndsAsTheRunDoes(t *testing.T) {
+	t.Parallel()
+	old := partition.MonthStart(time.Now()).AddDate(0, -9, 0)
+	t.Run("canceled", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:old", Status: 201, ExpiresAt: old.Add(3 * 24 * time.Hour)})
+		holdPartitionLock(t, b)
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(700*time.Millisecond, cancel)
+		res, err := newSweeper(t, b.db.Pool, sweep.Config{}, b.parts, nil).Run(ctx)
+		require.ErrorIs(t, err, sweep.ErrCanceled)
+		require.Equal(t, sweep.StoppedCanceled, res.Stopped)
+		require.EqualValues(t, 1, res.Backlog)
+	})
+	t.Run("deadline", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:old", Status: 201, ExpiresAt: old.Add(3 * 24 * time.Hour)})
+		holdPartitionLock(t, b)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		res, err := newSweeper(t, b.db.Pool, sweep.Config{DeadlineMargin: time.Second}, b.parts, nil).Run(ctx)
+		var missing *sweep.MissingPartitionError
+		require.ErrorAs(t, err, &missing)
+		require.Equal(t, []time.Time{old}, missing.Months)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Equal(t, sweep.StoppedDeadline, res.Stopped)
+	})
+}

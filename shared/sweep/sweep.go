@@ -439,7 +439,9 @@ type Result struct {
 	IndexSwapRetries int  `json:"index_swap_retries"`
 	Drained          bool `json:"drained"`
 	// Stopped says why the run ended: drained, deadline, max_duration,
-	// canceled, or error (Run returned an error, which says why).
+	// canceled, or error (Run returned an error, which says why). A run
+	// whose wait to create a missing month ended at the deadline margin
+	// returns its MissingPartitionError with deadline.
 	Stopped string `json:"stopped"`
 	// Backlog is the number of expired rows still live after the run, capped at
 	// Config.BacklogCap; -1 when it could not be counted.
@@ -734,7 +736,19 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 				missing.Err = errors.New("the partitions exist but the batch keeps finding none")
 				cerr = missing
 			}
+			if cerr != nil && ctx.Err() != nil {
+				// Interrupted while it waited to create the month: a
+				// cancel, as anywhere else in the run.
+				res.Stopped = StoppedCanceled
+				return res, canceled(ctx, res)
+			}
 			if cerr != nil {
+				if errors.Is(cerr, context.DeadlineExceeded) {
+					// The wait for the partitions' lock ended at the
+					// deadline margin: the month is still missing, which
+					// the error says, and the run stopped at its deadline.
+					res.Stopped = StoppedDeadline
+				}
 				return res, fmt.Errorf("sweep batch %d: %w", res.Batches+1, cerr)
 			}
 			res.PartitionsCreated = append(res.PartitionsCreated, created...)
