@@ -129,7 +129,8 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 
 // misconfiguredCodes are the Invoke errors that every later call gets too,
 // until someone changes the configuration: no function of that name, a role
-// that may not invoke it, a name or payload Lambda refuses. They are
+// that may not invoke it, a name or payload Lambda refuses, a function whose
+// key, package, runtime or network settings are broken. They are
 // archive.ErrMisconfigured, which the middleware never fails open on: under
 // FailOpen, taken for an outage, they would run every late retry again.
 // Errors a later call may not get (throttling, a function being updated,
@@ -140,6 +141,13 @@ var misconfiguredCodes = []string{
 	"AccessDeniedException",
 	"InvalidParameterValueException",
 	"InvalidRequestContentException",
+	"KMSAccessDeniedException",
+	"KMSDisabledException",
+	"KMSNotFoundException",
+	"InvalidRuntimeException",
+	"InvalidZipFileException",
+	"InvalidSubnetIDException",
+	"InvalidSecurityGroupIDException",
 }
 
 func misconfigured(err error) bool {
