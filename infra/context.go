@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -68,8 +69,15 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 	if acct, region := os.Getenv("CDK_DEFAULT_ACCOUNT"), os.Getenv("CDK_DEFAULT_REGION"); acct != "" && region != "" {
 		p.Env = &awscdk.Environment{Account: jsii.String(acct), Region: jsii.String(region)}
 	}
-	return p, c.str("stackName", DefaultStackName), c.err
+	name := c.str("stackName", DefaultStackName)
+	if c.err == nil && (len(name) > 128 || !stackName.MatchString(name)) {
+		c.fail("stackName", fmt.Errorf("%q is no CloudFormation stack name: a letter, then letters, digits and '-', at most 128 characters", name))
+	}
+	return p, name, c.err
 }
+
+// stackName matches the names CloudFormation takes for a stack.
+var stackName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*$`)
 
 // contextKeys are the context keys propsFromContext reads.
 func contextKeys() []string {
@@ -90,7 +98,8 @@ var ourKey = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]*$`)
 // checkContextKeys refuses a context key shaped like the stack's own that
 // is none of them: a misspelt key (alarmEmial, deletionprotection) would
 // otherwise deploy the default without a word. The error names the key it
-// most likely meant.
+// most likely meant. A key spelt in another case style (sweep_interval,
+// sweep-interval) is refused too, naming the key it spells.
 func checkContextKeys(all map[string]any) error {
 	known := contextKeys()
 	var unknown []string
@@ -99,10 +108,24 @@ func checkContextKeys(all map[string]any) error {
 			unknown = append(unknown, k)
 		}
 	}
+	slices.Sort(unknown)
+	var styled []string
+	for k := range all {
+		if !ourKey.MatchString(k) {
+			styled = append(styled, k)
+		}
+	}
+	slices.Sort(styled)
+	for _, k := range styled {
+		for _, name := range known {
+			if folded(k) == folded(name) {
+				return fmt.Errorf("context %s: no such setting: did you mean %s? (infra/README.md lists them)", k, name)
+			}
+		}
+	}
 	if len(unknown) == 0 {
 		return nil
 	}
-	slices.Sort(unknown)
 	k := unknown[0]
 	// The key it most likely meant: one a letter or three away, or the
 	// one that holds it (retentionMonths: partitionRetentionMonths).
@@ -120,6 +143,11 @@ func checkContextKeys(all map[string]any) error {
 		return fmt.Errorf("context %s: no such setting: did you mean %s? (infra/README.md lists them)", k, best)
 	}
 	return fmt.Errorf("context %s: no such setting (infra/README.md lists them)", k)
+}
+
+// folded is a key in lower case without '_' and '-'.
+func folded(k string) string {
+	return strings.ToLower(strings.NewReplacer("_", "", "-", "").Replace(k))
 }
 
 // editDistance is the Levenshtein distance between a and b.
@@ -170,12 +198,24 @@ type contextReader struct {
 	err error
 }
 
+// raw is a value as text: a string as given (-c name=value, or a JSON
+// string in cdk.json), a JSON number as written (1000000, not 1e+06), a
+// JSON boolean. A list or an object is refused: printed, it would be
+// deployed as its Go rendering.
 func (c *contextReader) raw(name string) (string, bool) {
-	v := c.get(jsii.String(name))
-	if v == nil {
+	switch v := c.get(jsii.String(name)).(type) {
+	case nil:
+		return "", false
+	case string:
+		return v, true
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), true
+	case bool:
+		return strconv.FormatBool(v), true
+	default:
+		c.fail(name, fmt.Errorf("must be a string, a number or a boolean, got %T", v))
 		return "", false
 	}
-	return fmt.Sprint(v), true
 }
 
 func (c *contextReader) fail(name string, err error) {
@@ -184,11 +224,20 @@ func (c *contextReader) fail(name string, err error) {
 	}
 }
 
+// str reads a string setting. An empty one is refused (-c name= would
+// otherwise deploy the default), and so is one with blanks around it (the
+// functions read their variables trimmed, the template would not).
 func (c *contextReader) str(name, def string) string {
-	if v, ok := c.raw(name); ok {
-		return v
+	v, ok := c.raw(name)
+	switch {
+	case !ok:
+		return def
+	case v == "":
+		c.fail(name, errors.New("is set to an empty value: unset it for the default, or give it one"))
+	case strings.TrimSpace(v) != v:
+		c.fail(name, fmt.Errorf("%q has blanks around it", v))
 	}
-	return def
+	return v
 }
 
 func (c *contextReader) int(name string) int {

@@ -31,7 +31,14 @@ func main() {
 // run synthesizes into outdir. context adds to the context the CLI passes
 // (cdk.json, -c); tests use it, since the jsii process reads its environment
 // once, when the test binary starts.
-func run(outdir string, context map[string]any) error {
+func run(outdir string, context map[string]any) (err error) {
+	// The CDK refuses some values by panicking (an ARN that is none, a
+	// construct id): said as an error line, not a goroutine trace.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("synth: %v", r)
+		}
+	}()
 	ctx := map[string]any{
 		// Asset paths in each function's Metadata, which is how
 		// `sam local invoke -t cdk.out/<Stack>.template.json` finds the code.

@@ -127,10 +127,7 @@ func TestPropsFromContext(t *testing.T) {
 
 func TestSynthWritesTheTemplateSAMCanInvoke(t *testing.T) {
 	// GIVEN placeholder packages, an output directory and context values
-	code := t.TempDir()
-	for _, fn := range stack.FunctionNames {
-		require.NoError(t, os.WriteFile(filepath.Join(code, fn+".zip"), []byte(fn), 0o644))
-	}
+	code := placeholderZips(t)
 	out := t.TempDir()
 
 	// WHEN the app runs
@@ -168,10 +165,7 @@ func TestSynthWritesTheTemplateSAMCanInvoke(t *testing.T) {
 // instead of deploying the default without a word. The CDK's own keys (and
 // its lookups', and other tools') are left alone.
 func TestAMisspeltContextKeyFailsTheSynth(t *testing.T) {
-	code := t.TempDir()
-	for _, fn := range stack.FunctionNames {
-		require.NoError(t, os.WriteFile(filepath.Join(code, fn+".zip"), []byte(fn), 0o644))
-	}
+	code := placeholderZips(t)
 	for key, want := range map[string]string{
 		"alarmEmial":         "context alarmEmial: no such setting: did you mean alarmEmail?",
 		"deletionprotection": "context deletionprotection: no such setting: did you mean deletionProtection?",

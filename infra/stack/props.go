@@ -7,7 +7,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -256,6 +258,26 @@ func (p Props) validate() error {
 			return fmt.Errorf("%s must be a positive finite number (or 0 for the default), got %v", b.name, b.v)
 		}
 	}
+	if p.ArchiveBytesPerRowBaseline > MaxArchiveBytesPerRowBaseline {
+		return fmt.Errorf("ArchiveBytesPerRowBaseline must be at most %d bytes (a row holds a key of at most 2,000 bytes and an id of at most 255), got %v", MaxArchiveBytesPerRowBaseline, p.ArchiveBytesPerRowBaseline)
+	}
+	if !instanceClass.MatchString(p.InstanceType) || strings.HasPrefix(p.InstanceType, "db.") {
+		return fmt.Errorf("InstanceType must be an instance class without its db. prefix, such as t4g.small or r7g.large, got %q", p.InstanceType)
+	}
+	for _, b := range []named[string]{{"AlarmTopicArn", p.AlarmTopicArn}, {"NotifyTopicArn", p.NotifyTopicArn}} {
+		if b.v != "" && !topicARN.MatchString(b.v) {
+			return fmt.Errorf("%s must be an SNS topic's ARN, arn:<partition>:sns:<region>:<account>:<name>, got %q", b.name, b.v)
+		}
+	}
+	if err := metrics.ValidateNamespace(p.MetricsNamespace); err != nil {
+		return fmt.Errorf("MetricsNamespace: %w", err)
+	}
+	if strings.ContainsRune(p.MetricsNamespace, ':') {
+		// The lookup's 5xx count is a metric filter's, whose namespace
+		// CloudWatch Logs refuses with a ':'; the alarms would watch a
+		// namespace nothing writes to.
+		return fmt.Errorf("MetricsNamespace %q holds a ':', which a CloudWatch Logs metric filter's namespace may not", p.MetricsNamespace)
+	}
 	if p.AuroraMinCapacity < 0.5 {
 		return fmt.Errorf("AuroraMinCapacity must be at least 0.5 ACU, got %v: auto-pause (0) is not offered, as the schedules and RDS Proxy keep the cluster awake and a resume would outlast the lookup's timeout", p.AuroraMinCapacity)
 	}
@@ -318,6 +340,17 @@ func (p Props) validate() error {
 	}
 	return nil
 }
+
+// MaxArchiveBytesPerRowBaseline bounds ArchiveBytesPerRowBaseline: the
+// bytes-per-row alarm's threshold is a multiple of it, which must stay a
+// finite number.
+const MaxArchiveBytesPerRowBaseline = 100_000
+
+// instanceClass matches an RDS instance class without its db. prefix.
+var instanceClass = regexp.MustCompile(`^[a-z][a-z0-9-]*\.[a-z0-9]+$`)
+
+// topicARN matches an SNS topic's ARN.
+var topicARN = regexp.MustCompile(`^arn:[a-z0-9-]+:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$`)
 
 // MinSweepWindow is the least time a sweep run must have to start batches
 // in: its timeout less its deadline margin.
