@@ -529,10 +529,13 @@ func (r *Reader) bounded(ctx context.Context, queue func(*pgx.Batch)) error {
 	// The server enforces the timeout; the context backs it up where the
 	// server cannot: a statement prepared before the batch runs (the
 	// cache_statement mode prepares on a connection's first use), or a
-	// connection that stops answering.
+	// connection that stops answering. Before a deadline it ends a quarter
+	// of the margin before it: the server's cancel, due three quarters of
+	// the margin earlier, has that long to arrive on a busy machine, and
+	// the caller keeps the last quarter to answer in.
 	backstop := time.Now().Add(timeout + time.Second)
-	if hasDeadline && deadline.Add(-margin/2).Before(backstop) {
-		backstop = deadline.Add(-margin / 2)
+	if hasDeadline && deadline.Add(-margin/4).Before(backstop) {
+		backstop = deadline.Add(-margin / 4)
 	}
 	ctx, cancel := context.WithDeadline(ctx, backstop)
 	defer cancel()

@@ -517,7 +517,7 @@ func TestATimeoutIsReckonedFromWhenTheConnectionIsReady(t *testing.T) {
 			_, err = tx.Exec(ctx, "LOCK TABLE idempotency_archive_plain_keys IN ACCESS EXCLUSIVE MODE")
 			require.NoError(t, err)
 
-			short, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+			short, cancel := context.WithTimeout(ctx, time.Second)
 			_, err = r.Lookup(short, "idem:v1:slow-dial", nil)
 			cancel()
 			require.ErrorIs(t, err, archive.ErrTimeout)
