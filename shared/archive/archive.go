@@ -414,7 +414,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 		lateFailed := false
 		for {
 			proven := true
-			var lateTo pgtype.Timestamptz
+			var lateTo, recheckLo, recheckHi pgtype.Timestamptz
 			err := r.bounded(ctx, func(b *pgx.Batch) {
 				if e.late != nil {
 					b.Queue(e.late.SQL, e.late.Args...).QueryRow(func(row pgx.Row) (err error) {
@@ -436,6 +436,12 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 					}
 					return rows.Err()
 				})
+				if e.recheck != nil {
+					b.Queue(e.recheck.SQL, e.recheck.Args...).QueryRow(func(row pgx.Row) (err error) {
+						recheckLo, recheckHi, err = scanRange(row)
+						return err
+					})
+				}
 				if e.reach >= 0 {
 					b.Queue(proofSQL, e.ceiling, e.reach.Milliseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&proven) })
 				}
@@ -456,6 +462,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 				// not read its tables: read up to the ceiling, as lateBound
 				// does.
 				found, e.latest, lateFailed = false, e.ceiling, true
+				e.recheck = nil // the same tables: read up to the ceiling, unchecked
 				continue
 			case err != nil:
 				return err
@@ -464,7 +471,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 				// disagree more than the margin: read them again next time,
 				// and this time read every partition.
 				r.forgetWriters()
-				found, e.reach = false, -1
+				found, e.reach, e.recheck = false, -1, nil
 				e.earliest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 				e.latest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
 				continue
@@ -475,6 +482,14 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 				// would be a round trip earlier (see lateBound).
 				if widened := lateBoundFrom(lateTo, e.ts, e.ceiling); later(widened, e.latest) {
 					found, e.latest = false, widened
+					continue
+				}
+			}
+			if !found {
+				// Read where the key's rows are again, after the read: a row
+				// moved since they were first read is where this says.
+				if w, wider := e.widenedBy(recheckLo, recheckHi); wider {
+					e = w
 					continue
 				}
 			}
@@ -606,6 +621,35 @@ type expiries struct {
 	// again up to there (see Lookup).
 	late *Statement
 	ts   time.Time
+	// recheck, when set, is the statement that gave the bounds (ran): the
+	// lookup runs it again in the archive read's round trip, just after
+	// the read, and when the read found nothing and its answer lies wider,
+	// reads again over it (see widenedBy). A row moved between the two
+	// reads (an owner's UPDATE of expired_at, recorded with the move) is
+	// missed by the read only if it moved after the bounds were read and
+	// before the read; the recheck, after the read, sees where it went.
+	recheck *Statement
+}
+
+// widenedBy returns e's bounds widened to the range a recheck read (lo,
+// hi: NULLs when the tables record nothing for the key), and whether that
+// changed them. A timestamped key's recheck (lateKeySQL) moves only its
+// upper bound, by its late rows, up to the ceiling, as the first read
+// does; a key without one takes the range as read.
+func (e expiries) widenedBy(lo, hi pgtype.Timestamptz) (expiries, bool) {
+	w := e
+	if e.recheck == nil {
+		return w, false
+	}
+	if e.recheck.SQL == lateKeySQL {
+		w.latest = lateBoundFrom(hi, e.ts, e.ceiling)
+	} else if lo.Valid && hi.Valid {
+		w.earliest, w.latest = earlier(e.earliest, lo), e.latest
+		if later(hi, w.latest) {
+			w.latest = hi
+		}
+	}
+	return w, later(w.latest, e.latest) || later(e.earliest, w.earliest)
 }
 
 // earlier returns the earlier of a and b.
@@ -662,7 +706,7 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, e
 			return e, nil
 		}
 		e.ran = &Statement{SQL: lateKeySQL, Args: []any{scopedKey, PromptSpan, ts}}
-		e.late, e.ts = e.ran, ts
+		e.late, e.ts, e.recheck = e.ran, ts, e.ran
 		e.latest = lateBoundFrom(pgtype.Timestamptz{}, ts, e.latest) // the span's end: no late row known yet
 		return e, nil
 	}
@@ -684,6 +728,7 @@ func (r *Reader) expiryRange(ctx context.Context, scopedKey string) (expiries, e
 	}
 	e := all
 	e.earliest, e.latest = lo, hi
+	e.recheck = all.ran
 	return e, nil
 }
 
@@ -852,8 +897,11 @@ type Statement struct {
 // LookupStatements returns the statements Lookup runs for scopedKey, in
 // order, for measurements of a lookup (its plans, the locks it takes): the
 // read of idempotency_archive_plain_keys for a key without a timestamp (which
-// it runs, to learn the next statement's bounds), the archive's, and the
-// proof of a timestamped key's bounds.
+// it runs, to learn the next statement's bounds), the archive's, for such a
+// key that read again (the recheck, in the archive read's round trip), and
+// the proof of a timestamped key's bounds. A key minted long ago rechecks
+// its late rows in the transaction that read them, which takes no lock the
+// first read did not: the measurements leave that recheck out.
 func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Statement, error) {
 	if err := ValidateKey(scopedKey); err != nil {
 		return nil, err
@@ -868,6 +916,9 @@ func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Stat
 	}
 	if e.earliest.Valid {
 		out = append(out, lookupStatement(scopedKey, e.earliest, e.latest, r.cfg.Now()))
+		if e.recheck != nil && e.recheck.SQL == plainKeySQL {
+			out = append(out, *e.recheck)
+		}
 	}
 	if e.reach >= 0 {
 		out = append(out, Statement{SQL: proofSQL, Args: []any{e.ceiling, e.reach.Milliseconds()}})
