@@ -127,9 +127,11 @@ dev: dev-check archivectl bin/charges ## Throwaway Postgres, migrated and partit
 	@WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bash -c 'set -e; \
 		out=$$(bin/archivectl migrate 2>&1 >/dev/null) || { echo "$$out" >&2; exit 1; }; \
 		out=$$(bin/archivectl partitions 2>&1 >/dev/null) || { echo "$$out" >&2; exit 1; }; \
-		port=$${DATABASE_URL##*:}; port=$${port%%/*}; \
 		echo; echo "PostgreSQL: psql \"$$DATABASE_URL\""; \
-		echo "For the runbook verbatim, in another shell: export PGHOST=127.0.0.1 PGPORT=$$port PGUSER=postgres PGDATABASE=postgres"; \
+		case "$$DATABASE_URL" in *"?host=/"*"&port="*) \
+			host=$${DATABASE_URL#*\?host=}; host=$${host%%&*}; port=$${DATABASE_URL#*&port=}; port=$${port%%&*}; \
+			echo "For the runbook verbatim, in another shell: export PGHOST=$$host PGPORT=$$port PGUSER=postgres PGDATABASE=postgres";; \
+		esac; \
 		addr="$(ADDR)"; echo "Charges API: http://localhost:$${addr##*:}/v1/charges (Ctrl-C stops everything)"; echo; \
 		ADDR=$(ADDR) bin/charges'
 

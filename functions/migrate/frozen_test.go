@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,7 +30,7 @@ type freezingProxy struct {
 	conns  []net.Conn
 }
 
-func newFreezingProxy(t *testing.T, target, match string) *freezingProxy {
+func newFreezingProxy(t *testing.T, network, target, match string) *freezingProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -43,7 +45,7 @@ func newFreezingProxy(t *testing.T, target, match string) *freezingProxy {
 			if err != nil {
 				return
 			}
-			server, err := net.Dial("tcp", target)
+			server, err := net.Dial(network, target)
 			if err != nil {
 				_ = client.Close()
 				continue
@@ -94,7 +96,17 @@ func TestAFrozenDatabaseStillGetsCloudFormationItsAnswer(t *testing.T) {
 	b := setup(t)
 	u, err := url.Parse(b.db.URL)
 	require.NoError(t, err)
-	proxy := newFreezingProxy(t, u.Host, "pg_try_advisory_lock")
+	// The database's own address: a TCP one, or the test cluster's Unix
+	// socket (host and port in the query).
+	network, target := "tcp", u.Host
+	q := u.Query()
+	if h := q.Get("host"); strings.HasPrefix(h, "/") {
+		network, target = "unix", h+"/.s.PGSQL."+cmp.Or(q.Get("port"), "5432")
+		q.Del("host")
+		q.Del("port")
+		u.RawQuery = q.Encode()
+	}
+	proxy := newFreezingProxy(t, network, target, "pg_try_advisory_lock")
 	u.Host = proxy.addr
 	db := *b.db
 	db.URL = u.String()

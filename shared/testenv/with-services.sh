@@ -258,14 +258,22 @@ start_postgres() {
 		fi
 	fi
 
+	# The cluster trusts every connection it takes (tests sign in as the roles
+	# they create, without passwords), so it takes them only on a socket in a
+	# directory no other user may enter: over TCP, even on loopback, every
+	# account on the machine could sign in as its superuser and run programs
+	# as the cluster's owner (COPY ... TO PROGRAM).
+	pg_sock=${pg_dir}/sock
+	mkdir -m 700 -- "${pg_sock}"
+	${is_root} && chown "${PG_USER}:" "${pg_sock}"
+
 	# Appended settings override initdb's defaults. Durability is off because
-	# the cluster is thrown away; only loopback TCP and a private socket dir,
-	# so nothing else on the machine can reach it or clash with it.
+	# the cluster is thrown away.
 	cat >>"${pg_data}/postgresql.conf" <<-EOF
 
 		# --- with-services.sh: throwaway test cluster ---
-		listen_addresses = '127.0.0.1'
-		unix_socket_directories = '${pg_dir}'
+		listen_addresses = ''
+		unix_socket_directories = '${pg_sock}'
 		fsync = off
 		synchronous_commit = off
 		full_page_writes = off
@@ -291,13 +299,13 @@ start_postgres() {
 		fi
 		tail_log pg_ctl "${pg_dir}/pg_ctl.log"
 		tail_log postgres "${pg_log}"
-		die "PostgreSQL failed to start on 127.0.0.1:${port}"
+		die "PostgreSQL failed to start (socket ${pg_sock}, port ${port})"
 	done
 
-	export DATABASE_URL="postgres://postgres@127.0.0.1:${port}/postgres?sslmode=disable"
+	export DATABASE_URL="postgres://postgres@/postgres?host=${pg_sock}&port=${port}&sslmode=disable"
 	local version
 	version=$("${PG_BIN_DIR}/postgres" --version 2>/dev/null | sed -n 's/.*(PostgreSQL) \([0-9][0-9.]*\).*/\1/p')
-	log "postgres ${version%%.*} on 127.0.0.1:${port}"
+	log "postgres ${version%%.*} on socket ${pg_sock}/.s.PGSQL.${port}"
 }
 
 # ---------------------------------------------------------------------- Redis
