@@ -3,13 +3,14 @@
 //
 //	lambdalocal zip -o bin/lookup.zip bin/lookup/bootstrap
 //	lambdalocal invoke -bootstrap bin/local/lookup/bootstrap -event events/lookup-direct.json [-seed-probe]
-//	lambdalocal template -o bin/sam/template.json -code-dir bin
+//	lambdalocal template -o bin/sam/template.json -code-dir ..
 //
 // zip writes a deployment package holding one executable file named bootstrap,
 // byte-for-byte reproducible (fixed timestamps), so that an unchanged binary
 // gives an unchanged CDK asset hash. invoke runs the bootstrap under the AWS
 // Lambda Runtime Interface Emulator with the configuration variables of this
-// environment, posts the event, prints the response on stdout and the
+// environment (the project's settings, and the PG* and AWS_* variables pgx
+// and the AWS SDK read), posts the event, prints the response on stdout and the
 // function's logs on stderr. template synthesizes a SAM template of the three
 // functions over built bootstraps, for `sam local invoke` where docker runs.
 package main
@@ -27,7 +28,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,7 +41,9 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// SIGTERM too: stopped either way, it stops the emulator and the function
+	// it runs rather than leave them behind.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "lambdalocal:", err)
@@ -125,12 +130,7 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return fmt.Errorf("seed probe: %w", err)
 		}
 	}
-	env := map[string]string{}
-	for _, v := range settings.Variables {
-		if val, ok := os.LookupEnv(v.Name); ok {
-			env[v.Name] = val
-		}
-	}
+	env := functionEnv(os.Environ())
 	startCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	e, err := emulator.Start(startCtx, *rie, *bootstrap, env, stderr)
@@ -748,4 +748,24 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 		return err
 	}
 	return os.WriteFile(*out, append(b, '\n'), 0o644)
+}
+
+// functionEnv picks from environ (KEY=value pairs) what a function invoked
+// here is given: the project's settings, and the variables pgx (PG*:
+// PGPASSWORD, PGSSLMODE, ...) and the AWS SDK (AWS_*: the region and
+// credentials a secret or an IAM token needs) read, as a deployed function
+// has them. Nothing else of the shell's environment reaches it. (A template,
+// a file that gets shared, takes the settings alone.)
+func functionEnv(environ []string) map[string]string {
+	env := map[string]string{}
+	for _, kv := range environ {
+		name, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			continue
+		}
+		if strings.HasPrefix(name, "PG") || strings.HasPrefix(name, "AWS_") || slices.ContainsFunc(settings.Variables, func(v settings.Variable) bool { return v.Name == name }) {
+			env[name] = val
+		}
+	}
+	return env
 }

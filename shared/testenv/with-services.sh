@@ -3,12 +3,13 @@
 #
 # Usage: shared/testenv/with-services.sh <command> [args...]
 #
-# Used by `make test` and `make dev`. Starts a private PostgreSQL cluster and
-# a private redis-server (each on a free port bound to 127.0.0.1, data in a
-# fresh temp dir), exports DATABASE_URL / REDIS_URL (and PG_BIN_DIR when the
-# PostgreSQL binaries were found), runs the command, then stops both services
-# and removes the temp dir on any exit — success, failure or Ctrl-C — and
-# exits with the command's exit status.
+# Used by `make test` and `make dev`. Starts a private PostgreSQL cluster (on
+# a Unix socket in a directory only its owner may enter) and a private
+# redis-server (on a free port bound to 127.0.0.1), data in a fresh temp dir,
+# exports DATABASE_URL / REDIS_URL (and PG_BIN_DIR when the PostgreSQL
+# binaries were found), runs the command, then stops both services and
+# removes the temp dir on any exit — success, failure, Ctrl-C or SIGTERM
+# (passed on to the command) — and exits with the command's exit status.
 #
 # Environment:
 #   DATABASE_URL              if set, used as is; no Postgres is started.
@@ -77,10 +78,23 @@ cleanup() {
 	exit "${rc}"
 }
 trap cleanup EXIT
+# The command, once it runs (in the background, waited for: bash runs a trap
+# only once a foreground command ends, so SIGTERM to `make dev` would wait for
+# the API to end by itself).
+child=""
+# forward SIG: pass a signal on to the command, if it runs.
+# shellcheck disable=SC2317 # only called via trap
+forward() {
+	[[ -n ${child} ]] && kill -"$1" "${child}" 2>/dev/null
+	return 0
+}
 # Turn signals into a normal exit so the EXIT trap runs (128 + signal number).
-trap 'exit 129' HUP
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# SIGTERM and SIGHUP stop everything at once, the command too; SIGINT (which
+# Ctrl-C also sends the command itself) is the command's to act on: an
+# interactive shell under `make db-shell` ignores it and keeps its database.
+trap 'forward HUP; exit 129' HUP
+trap 'forward INT; [[ -n ${child} ]] || exit 130' INT
+trap 'forward TERM; exit 143' TERM
 
 apt_updated=false
 # apt_install PKG: install a Debian package, only possible as root with apt-get.
@@ -386,7 +400,14 @@ start_redis() {
 
 # Look for the PostgreSQL binaries even when DATABASE_URL is given, so tests
 # can still use psql from PG_BIN_DIR; installing is only done when needed.
-if [[ -z ${PG_BIN_DIR:-} ]] || [[ ! -x ${PG_BIN_DIR}/pg_ctl ]]; then
+if [[ -n ${PG_BIN_DIR:-} ]]; then
+	# A directory set is the one run (make test-pg17 sets 17's): never
+	# silently replaced by the machine's, which would test another version.
+	for tool in pg_ctl initdb postgres; do
+		[[ -x ${PG_BIN_DIR}/${tool} ]] ||
+			die "PG_BIN_DIR=${PG_BIN_DIR} has no ${tool}: fix it, or unset it for the machine's PostgreSQL"
+	done
+else
 	PG_BIN_DIR=$(find_pg_bin) || PG_BIN_DIR=""
 fi
 if [[ -n ${PG_BIN_DIR} ]]; then
@@ -410,6 +431,13 @@ ${need_pg} && start_postgres
 ${need_redis} && start_redis
 
 # Not exec: the EXIT trap has to run after the command to stop the services.
+# Its stdin stays the script's (a background command's would be /dev/null).
+"$@" <&0 &
+child=$!
+# A trapped signal ends a wait early; wait again until the command has ended.
+while kill -0 "${child}" 2>/dev/null; do
+	wait "${child}" 2>/dev/null || true
+done
 status=0
-"$@" || status=$?
+wait "${child}" 2>/dev/null || status=$?
 exit "${status}"
