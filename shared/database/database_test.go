@@ -7,11 +7,14 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -133,17 +136,49 @@ func TestSSLRootCertVerifiesEveryHostAgainstTheBundle(t *testing.T) {
 	require.ErrorContains(t, err, "holds no PEM certificate")
 }
 
+// A server that refuses TLS (it answers the client's SSLRequest "N") is
+// refused in turn: the client never sends its startup message, the user's
+// name and the database's, in plaintext.
 func TestSSLRootCertNeverFallsBackToPlaintext(t *testing.T) {
 	t.Parallel()
-	db := dbtest.New(t) // the test server speaks no TLS
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	var plaintext atomic.Bool
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				req := make([]byte, 8)
+				if _, err := io.ReadFull(c, req); err != nil {
+					return
+				}
+				if binary.BigEndian.Uint32(req[4:]) != 80877103 { // not an SSLRequest: a plaintext startup
+					plaintext.Store(true)
+					return
+				}
+				_, _ = c.Write([]byte{'N'})
+				if n, _ := c.Read(make([]byte, 1)); n > 0 {
+					plaintext.Store(true) // it went on without TLS
+				}
+			}()
+		}
+	}()
 	path, _ := caBundle(t, "ca.pem")
-	pool, err := database.Open(context.Background(), database.Config{URL: db.URL, SSLRootCert: path}, nil)
+	url := fmt.Sprintf("postgres://app@%s/app", ln.Addr())
+	pool, err := database.Open(context.Background(), database.Config{URL: url, SSLRootCert: path}, nil)
 	require.NoError(t, err)
 	defer pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = pool.Ping(ctx)
 	require.ErrorContains(t, err, "refused TLS")
+	require.False(t, plaintext.Load(), "the client fell back to plaintext")
 }
 
 func TestExecModes(t *testing.T) {

@@ -47,7 +47,9 @@ func passwordRole(t *testing.T, admin *pgxpool.Pool, password string) string {
 		_, err = admin.Exec(ctx, "SELECT pg_reload_conf()")
 		require.NoError(t, err)
 	}
-	writeHBA("host all " + role + " all scram-sha-256\n" + original)
+	// Over TCP and over a Unix socket (the test harness's cluster takes
+	// connections on a socket only).
+	writeHBA("local all " + role + " scram-sha-256\nhost all " + role + " all scram-sha-256\n" + original)
 	t.Cleanup(func() { writeHBA(original) })
 
 	// The reload is asynchronous: wait until a wrong password is refused.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -214,10 +215,12 @@ func TestASecretKeepsItsDatabaseBehindAProxyURL(t *testing.T) {
 		// The port is the instance's, which behind a proxy is not used.
 		"username": cc.User, "password": "pw", "host": "instance.example.com", "port": 1, "dbname": name,
 	}, &calls)
-	pool, err := database.Open(ctx, database.Config{
-		SecretARN: secretARN,
-		URL:       fmt.Sprintf("postgres://%s:%d/?sslmode=disable", cc.Host, cc.Port), // the "proxy"
-	}, awsConfig(srv.URL))
+	proxy := fmt.Sprintf("postgres://%s:%d/?sslmode=disable", cc.Host, cc.Port) // the "proxy"
+	if strings.HasPrefix(cc.Host, "/") {
+		// The test harness's cluster, on a Unix socket.
+		proxy = fmt.Sprintf("postgres:///?host=%s&port=%d&sslmode=disable", cc.Host, cc.Port)
+	}
+	pool, err := database.Open(ctx, database.Config{SecretARN: secretARN, URL: proxy}, awsConfig(srv.URL))
 	require.NoError(t, err)
 	defer pool.Close()
 	var current string
