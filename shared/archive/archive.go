@@ -414,7 +414,7 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 		lateFailed := false
 		for {
 			proven := true
-			var lateTo, recheckLo, recheckHi pgtype.Timestamptz
+			var lateTo pgtype.Timestamptz
 			err := r.bounded(ctx, func(b *pgx.Batch) {
 				if e.late != nil {
 					b.Queue(e.late.SQL, e.late.Args...).QueryRow(func(row pgx.Row) (err error) {
@@ -436,12 +436,6 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 					}
 					return rows.Err()
 				})
-				if e.recheck != nil {
-					b.Queue(e.recheck.SQL, e.recheck.Args...).QueryRow(func(row pgx.Row) (err error) {
-						recheckLo, recheckHi, err = scanRange(row)
-						return err
-					})
-				}
 				if e.reach >= 0 {
 					b.Queue(proofSQL, e.ceiling, e.reach.Milliseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&proven) })
 				}
@@ -485,10 +479,22 @@ func (r *Reader) Lookup(ctx context.Context, scopedKey string, fingerprint []byt
 					continue
 				}
 			}
-			if !found {
-				// Read where the key's rows are again, after the read: a row
-				// moved since they were first read is where this says.
-				if w, wider := e.widenedBy(recheckLo, recheckHi); wider {
+			if !found && e.recheck != nil {
+				// Read where the key's rows are again, now that the read
+				// found nothing: a row moved since they were first read is
+				// where this says. A round trip of its own, run only for
+				// an answer of not found, so a found key pays nothing.
+				var lo, hi pgtype.Timestamptz
+				err := r.bounded(ctx, func(b *pgx.Batch) {
+					b.Queue(e.recheck.SQL, e.recheck.Args...).QueryRow(func(row pgx.Row) (err error) {
+						lo, hi, err = scanRange(row)
+						return err
+					})
+				})
+				if err != nil {
+					return err
+				}
+				if w, wider := e.widenedBy(lo, hi); wider {
 					e = w
 					continue
 				}
@@ -621,13 +627,13 @@ type expiries struct {
 	// again up to there (see Lookup).
 	late *Statement
 	ts   time.Time
-	// recheck, when set, is the statement that gave the bounds (ran): the
-	// lookup runs it again in the archive read's round trip, just after
-	// the read, and when the read found nothing and its answer lies wider,
-	// reads again over it (see widenedBy). A row moved between the two
-	// reads (an owner's UPDATE of expired_at, recorded with the move) is
-	// missed by the read only if it moved after the bounds were read and
-	// before the read; the recheck, after the read, sees where it went.
+	// recheck, when set, is the statement that gave the bounds (ran): when
+	// the archive read found nothing, the lookup runs it again, in a round
+	// trip after the read's, and when its answer lies wider, reads again
+	// over it (see widenedBy). A row moved between the two reads (an
+	// owner's UPDATE of expired_at, recorded with the move) is missed by
+	// the read only if it moved after the bounds were read and before the
+	// read; the recheck, after the read, sees where it went.
 	recheck *Statement
 }
 
@@ -897,11 +903,9 @@ type Statement struct {
 // LookupStatements returns the statements Lookup runs for scopedKey, in
 // order, for measurements of a lookup (its plans, the locks it takes): the
 // read of idempotency_archive_plain_keys for a key without a timestamp (which
-// it runs, to learn the next statement's bounds), the archive's, for such a
-// key that read again (the recheck, in the archive read's round trip), and
-// the proof of a timestamped key's bounds. A key minted long ago rechecks
-// its late rows in the transaction that read them, which takes no lock the
-// first read did not: the measurements leave that recheck out.
+// it runs, to learn the next statement's bounds), the archive's, and the
+// proof of a timestamped key's bounds: those of a lookup that finds its key
+// (one that does not also reads where the key's rows are again).
 func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Statement, error) {
 	if err := ValidateKey(scopedKey); err != nil {
 		return nil, err
@@ -916,9 +920,6 @@ func (r *Reader) LookupStatements(ctx context.Context, scopedKey string) ([]Stat
 	}
 	if e.earliest.Valid {
 		out = append(out, lookupStatement(scopedKey, e.earliest, e.latest, r.cfg.Now()))
-		if e.recheck != nil && e.recheck.SQL == plainKeySQL {
-			out = append(out, *e.recheck)
-		}
 	}
 	if e.reach >= 0 {
 		out = append(out, Statement{SQL: proofSQL, Args: []any{e.ceiling, e.reach.Milliseconds()}})
