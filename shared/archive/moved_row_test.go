@@ -54,8 +54,10 @@ func tracedReaderPool(t *testing.T, b bundle, tracer pgx.QueryTracer) *pgxpool.P
 // in one round trip and the archive in the next. An owner's UPDATE that moves
 // the key's row to another month (an incident repair, which the README says
 // is recorded) and commits between the two round trips leaves the lookup
-// reading only the month the row has left: ErrNotFound for a key the archive
-// holds in every snapshot of the lookup.
+// reading only the month the row has left: it answered ErrNotFound for a key
+// the archive held in every snapshot of the lookup. A lookup that finds
+// nothing now reads where the key's rows are again, in a round trip of its
+// own, and reads the archive again where that is wider.
 func TestAPlainKeyMovedBetweenItsLookupsRoundTripsIsFound(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -85,8 +87,9 @@ func TestAPlainKeyMovedBetweenItsLookupsRoundTripsIsFound(t *testing.T) {
 // by an earlier statement, with an earlier snapshot. A move that commits
 // between them (made deterministic here by a lock the owner's transaction
 // holds on the month being left, which the archive read waits for) left
-// the lookup reading the prompt span only. The late read runs again after
-// the archive read, as for a key without a timestamp.
+// the lookup reading the prompt span only. When the archive read finds
+// nothing, the late read runs again after it, as for a key without a
+// timestamp.
 func TestALateKeyMovedBetweenItsLateReadAndTheArchiveReadIsFound(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
