@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -165,5 +166,73 @@ func TestEventMembersGivenTwiceAreRefused(t *testing.T) {
 		require.NoError(t, json.Unmarshal(out, &d), name)
 		require.Equal(t, 400, d.StatusCode, "%s: %s", name, out)
 		require.Contains(t, d.Body, "name the same member", name)
+	}
+}
+
+// requestContext's domainName decides whether rawPath is percent-decoded
+// once more (a function URL) or read as it is (an HTTP API), and its elb
+// whether the event is refused (an ALB's query is still encoded): given
+// twice, or in another letter case, the last would decide, and one event
+// would be answered about one of two keys. Both orders are refused alike.
+func TestRequestContextMembersGivenTwiceAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const furl = "abcdefghij0123456789klmnop.lambda-url.eu-west-1.on.aws"
+	const api = "abc123.execute-api.eu-west-1.amazonaws.com"
+	v2 := func(firstName, first, secondName, second string) string {
+		return fmt.Sprintf(`{"version":"2.0","rawPath":"/v1/archive/keys/idem%%3Av1%%3Aprobe","rawQueryString":"",`+
+			`"requestContext":{%q:%q,%q:%q,"http":{"method":"GET"}}}`, firstName, first, secondName, second)
+	}
+	for name, payload := range map[string]string{
+		"function URL, then HTTP API":            v2("domainName", furl, "domainName", api),
+		"HTTP API, then function URL":            v2("domainName", api, "domainName", furl),
+		"function URL, then DOMAINNAME HTTP API": v2("domainName", furl, "DOMAINNAME", api),
+		"HTTP API, then DomainName function URL": v2("domainName", api, "DomainName", furl),
+		"ALB, then elb null": `{"httpMethod":"GET","path":"/v1/archive/lookup","queryStringParameters":{"scoped_key":"idem%3Av1%3Aprobe"},` +
+			`"requestContext":{"elb":{"targetGroupArn":"arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/lookup/abc"},"elb":null}}`,
+		"http method twice": `{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","requestContext":{"http":{"method":"GET","METHOD":"DELETE"}}}`,
+	} {
+		var d struct {
+			StatusCode int
+			Body       string
+		}
+		out := b.invoke(t, []byte(payload))
+		require.NoError(t, json.Unmarshal(out, &d), name)
+		require.Equal(t, 400, d.StatusCode, "%s: %s", name, out)
+		require.Contains(t, d.Body, "name the same member", name)
+	}
+}
+
+// A path parameter that names another key than the path is refused: the
+// answer would be about the path's key, and which one the caller meant is
+// unknown. One that names the path's key, decoded or as the path carries
+// it, is answered.
+func TestAPathParameterThatNamesAnotherKeyIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for name, c := range map[string]struct {
+		payload string
+		status  int
+	}{
+		"REST, another key":             {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:someone-else"}}`, 400},
+		"HTTP API, another key":         {`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","pathParameters":{"key":"idem:v1:someone-else"},"requestContext":{"http":{"method":"GET"}}}`, 400},
+		"REST, decoded":                 {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:probe"}}`, 200},
+		"REST, as the path has it":      {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem%3Av1%3Aprobe"}}`, 200},
+		"REST, stage in the path":       {`{"httpMethod":"GET","path":"/prod/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:probe"}}`, 200},
+		"HTTP API, the same key":        {`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","pathParameters":{"key":"idem:v1:probe"},"requestContext":{"http":{"method":"GET"}}}`, 200},
+		"REST, key on the lookup route": {`{"httpMethod":"GET","path":"/v1/archive/lookup","queryStringParameters":{"scoped_key":"idem:v1:probe"},"pathParameters":{"key":"idem:v1:other"}}`, 400},
+	} {
+		var d struct {
+			StatusCode int
+			Body       string
+		}
+		out := b.invoke(t, []byte(c.payload))
+		require.NoError(t, json.Unmarshal(out, &d), name)
+		require.Equal(t, c.status, d.StatusCode, "%s: %s", name, out)
+		if c.status == 400 {
+			require.Contains(t, d.Body, "does not name the key in the path", name)
+		} else {
+			require.Contains(t, d.Body, "ch_probe", name)
+		}
 	}
 }

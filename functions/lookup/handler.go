@@ -158,6 +158,9 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		if name, ok := disagree(raw, ev.QueryStringParameters, false); ok && ev.RawQueryString != "" {
 			return h.refuse(ctx, kind, badPayload(disagreeError(name, "rawQueryString")), requestID)
 		}
+		if err := pathKeyAgrees(ev.PathParameters, ev.RawPath, ev.RawPath); err != nil {
+			return h.refuse(ctx, kind, badPayload(err), requestID)
+		}
 		if functionURL(ev.RequestContext.DomainName) {
 			// Function URLs deliver rawPath as the client sent it.
 			return h.reply(ctx, kind, h.serveEncoded(ctx, ev.RequestContext.HTTP.Method, ev.RawPath, ev.QueryStringParameters, requestID))
@@ -182,6 +185,11 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		if name, ok := disagree(ev.MultiValueQueryStringParameters, ev.QueryStringParameters, true); ok && ev.MultiValueQueryStringParameters != nil {
 			return h.refuse(ctx, kind, badPayload(disagreeError(name, "multiValueQueryStringParameters")), requestID)
 		}
+		if decoded, err := url.PathUnescape(ev.Path); err == nil {
+			if err := pathKeyAgrees(ev.PathParameters, ev.Path, decoded); err != nil {
+				return h.refuse(ctx, kind, badPayload(err), requestID)
+			}
+		}
 		// REST APIs deliver the path still percent-encoded.
 		return h.reply(ctx, kind, h.serveEncoded(ctx, ev.HTTPMethod, ev.Path, ev.QueryStringParameters, requestID))
 	}
@@ -204,6 +212,15 @@ type keyMembers struct {
 	Query           json.RawMessage `json:"queryStringParameters"`
 	MultiValueQuery json.RawMessage `json:"multiValueQueryStringParameters"`
 	PathParameters  json.RawMessage `json:"pathParameters"`
+	RequestContext  json.RawMessage `json:"requestContext"`
+}
+
+// contextMembers are the members of an event's requestContext that decide
+// how the key is read: its domain name (a function URL's rawPath is
+// percent-decoded once more, an HTTP API's is not), elb (an ALB event is
+// refused) and http (the method).
+type contextMembers struct {
+	HTTP json.RawMessage `json:"http"`
 }
 
 // lossless refuses a payload that encoding/json would read other than as
@@ -229,13 +246,48 @@ func lossless(kind eventKind, payload []byte) error {
 	}
 	// A member given twice (API Gateway never does; a hand-made event
 	// may) would be read by its last: the event's own members, where
-	// encoding/json also matches "RAWPATH" to rawPath, and the query's.
-	for _, object := range [][]byte{payload, m.Query, m.MultiValueQuery, m.PathParameters} {
+	// encoding/json also matches "RAWPATH" to rawPath, the query's, and
+	// requestContext's, whose domainName and elb decide how the path and
+	// query are read.
+	var rc contextMembers
+	_ = json.Unmarshal(m.RequestContext, &rc) // a requestContext of the wrong type is refused by the event's own decoding
+	for _, object := range [][]byte{payload, m.Query, m.MultiValueQuery, m.PathParameters, m.RequestContext, rc.HTTP} {
 		if _, err := strictjson.Members(object); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// keyParameter is the path parameter of the keys route (/v1/archive/keys/{key+}).
+const keyParameter = "key"
+
+// pathKeyAgrees refuses an event whose path parameter names another key
+// than its path, which the answer is built from: API Gateway fills both
+// from one request, so only a hand-made event can differ, and then which
+// key the caller meant is unknown. The parameter may be given as the path
+// carries the key (raw) or decoded, so either is taken as agreeing.
+func pathKeyAgrees(params map[string]string, raw, decoded string) error {
+	param, ok := params[keyParameter]
+	if !ok {
+		return nil
+	}
+	fromRaw, inRaw := keyOf(raw)
+	fromDecoded, inDecoded := keyOf(decoded)
+	if (inRaw && param == fromRaw) || (inDecoded && param == fromDecoded) {
+		return nil
+	}
+	return fmt.Errorf("pathParameters.%s does not name the key in the path: give one key", keyParameter)
+}
+
+// keyOf returns the key a path to the keys route names.
+func keyOf(path string) (string, bool) {
+	const route = "/v1/archive/keys/"
+	i := strings.Index(path, route)
+	if i < 0 {
+		return "", false
+	}
+	return path[i+len(route):], true
 }
 
 // refuse answers err in the event's shape.

@@ -305,10 +305,39 @@ func parseTime(name, v string) (time.Time, error) {
 		return time.Time{}, badRequest(name + " is required (RFC 3339, such as 2026-12-01T00:00:00Z)")
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
+	if err != nil || !asWritten(v) {
 		return time.Time{}, badRequest(name + " is not an RFC 3339 time such as 2026-12-01T00:00:00Z")
 	}
 	return t, nil
+}
+
+// asWritten reports whether time.Parse, having read v, read it as written:
+// it also takes a ',' before the fraction, more than nine fractional
+// digits (cut to nanoseconds, so a window's end written a fraction of a
+// nanosecond after a key's creation would leave the key out) and offsets
+// of 24 hours or 60 minutes, none of them RFC 3339.
+func asWritten(v string) bool {
+	const dateTime = len("2006-01-02T15:04:05")
+	if len(v) <= dateTime {
+		return false
+	}
+	rest := v[dateTime:]
+	if rest[0] == '.' {
+		digits := len(rest[1:]) - len(strings.TrimLeft(rest[1:], "0123456789"))
+		if digits < 1 || digits > 9 {
+			return false
+		}
+		rest = rest[1+digits:]
+	}
+	if rest == "Z" {
+		return true
+	}
+	if len(rest) != len("+07:00") || (rest[0] != '+' && rest[0] != '-') || rest[3] != ':' {
+		return false
+	}
+	hours, errH := strconv.Atoi(rest[1:3])
+	minutes, errM := strconv.Atoi(rest[4:6])
+	return errH == nil && errM == nil && hours <= 23 && minutes <= 59
 }
 
 type requestError struct{ msg string }
