@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -138,12 +139,30 @@ SELECT (SELECT count(*) FROM next), (SELECT count(*) FROM recorded),
 
 var indexToInfinitySQL = strings.Replace(indexSQL, "expired_at < $2", "expired_at <= $2", 1)
 
+// claimSQL locks a range's row where it still is where the batch starts
+// ($3 and $4), before the batch reads the archive. Why (the invariant): a
+// range marked again (ON CONFLICT ... DO UPDATE resets its position, for
+// rows restored into it with triggers off) while a batch runs must be
+// scanned again from its start, and a batch must never remove or advance
+// a range past rows its read could not see. Locked first, a mark either
+// committed before the lock, so that the batch's read, a statement later,
+// sees the rows it restored, or it waits for the batch to commit and then
+// sets the range back to its start (or inserts it again, when the batch
+// removed it). Checking the position at the end alone is not enough: a
+// mark during a range's first batch puts it back where the batch started.
+// No row (the range was finished, moved or marked again meanwhile): the
+// batch is skipped, and the pending ranges are read again. The trigger of
+// migration 010 that copies a plain range's mark to
+// idempotency_archive_late_keys_pending runs after the mark's own update
+// of this row, so it too waits for the batch.
+const claimSQL = `
+SELECT true FROM idempotency_archive_plain_keys_pending
+ WHERE expired_from = $1 AND expired_to = $2 AND after_key = $3 AND after_expired_at = $4
+   FOR UPDATE`
+
 // advanceSQL and finishSQL save a range's position, or remove it, only
-// where it still is where the batch started ($5 and $6, or $3 and $4): a
-// range marked again meanwhile (ON CONFLICT ... DO UPDATE resets it, for
-// rows restored into it with triggers off) keeps its reset, and the next
-// batch scans it from its start, rather than from a position past rows that
-// were never recorded.
+// where it still is where the batch started ($5 and $6, or $3 and $4),
+// which claimSQL's lock holds it at.
 const advanceSQL = `
 UPDATE idempotency_archive_plain_keys_pending
    SET after_key = $3, after_expired_at = $4
@@ -153,9 +172,10 @@ const finishSQL = `
 DELETE FROM idempotency_archive_plain_keys_pending
  WHERE expired_from = $1 AND expired_to = $2 AND after_key = $3 AND after_expired_at = $4`
 
-// lateAdvanceSQL and lateFinishSQL are advanceSQL and finishSQL for a range
-// of idempotency_archive_late_keys_pending.
+// lateClaimSQL, lateAdvanceSQL and lateFinishSQL are claimSQL, advanceSQL
+// and finishSQL for a range of idempotency_archive_late_keys_pending.
 var (
+	lateClaimSQL   = strings.Replace(claimSQL, "idempotency_archive_plain_keys_pending", "idempotency_archive_late_keys_pending", 1)
 	lateAdvanceSQL = strings.Replace(advanceSQL, "idempotency_archive_plain_keys_pending", "idempotency_archive_late_keys_pending", 1)
 	lateFinishSQL  = strings.Replace(finishSQL, "idempotency_archive_plain_keys_pending", "idempotency_archive_late_keys_pending", 1)
 )
@@ -192,19 +212,36 @@ type Limits struct {
 // settings the SQL here reads timestamps under (a partition bound printed in
 // another DateStyle or time zone would read as another instant).
 func (l Limits) inTx(ctx context.Context, conn *pgx.Conn, deadline time.Time, fn func(pgx.Tx) error) error {
-	left := time.Until(deadline)
-	if left < time.Millisecond {
-		return context.DeadlineExceeded
-	}
-	lock := l.LockTimeout
-	if lock <= 0 || lock > left {
-		lock = left // 0ms would mean no limit at all
+	lock, left, err := l.until(deadline)
+	if err != nil {
+		return err
 	}
 	settings := database.Timeouts(lock, left)
 	settings["TimeZone"], settings["DateStyle"] = "UTC", "ISO, YMD"
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
 	defer cancel()
 	return database.InTx(ctx, conn, settings, fn)
+}
+
+// maxSetting is the longest statement_timeout or lock_timeout PostgreSQL
+// takes (INT_MAX milliseconds, about 24.8 days): a deadline further away
+// bounds the statements by this instead.
+const maxSetting = math.MaxInt32 * time.Millisecond
+
+// until returns the lock and statement timeouts of a statement that must
+// end by deadline, as PostgreSQL takes them (whole milliseconds, and 0ms
+// would mean no limit at all): the time left, and LockTimeout within it
+// (0: the time left; under a millisecond: a millisecond, not none).
+func (l Limits) until(deadline time.Time) (lock, left time.Duration, err error) {
+	left = min(time.Until(deadline), maxSetting)
+	if left < time.Millisecond {
+		return 0, 0, context.DeadlineExceeded
+	}
+	lock = l.LockTimeout
+	if lock <= 0 || lock > left {
+		lock = left
+	}
+	return max(lock, time.Millisecond), left, nil
 }
 
 // renewSQL sets the statement and lock timeouts of the rest of a
@@ -214,15 +251,11 @@ const renewSQL = `SELECT set_config('statement_timeout', $1, true), set_config('
 // renew bounds the next statements of tx by what is left until deadline
 // (inTx's settings bound each statement by what was left when it began).
 func (l Limits) renew(ctx context.Context, tx pgx.Tx, deadline time.Time) error {
-	left := time.Until(deadline)
-	if left < time.Millisecond {
-		return context.DeadlineExceeded
+	lock, left, err := l.until(deadline)
+	if err != nil {
+		return err
 	}
-	lock := l.LockTimeout
-	if lock <= 0 || lock > left {
-		lock = left
-	}
-	_, err := tx.Exec(ctx, renewSQL, fmt.Sprintf("%dms", left.Milliseconds()), fmt.Sprintf("%dms", lock.Milliseconds()))
+	_, err = tx.Exec(ctx, renewSQL, fmt.Sprintf("%dms", left.Milliseconds()), fmt.Sprintf("%dms", lock.Milliseconds()))
 	return err
 }
 
@@ -265,7 +298,21 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 		var scanned, recorded int64
 		var lastKey *string
 		var lastExpiry pgtype.Timestamptz
+		claimed := true
 		err = l.inTx(ctx, conn, deadline, func(tx pgx.Tx) error {
+			claim := claimSQL
+			if late {
+				claim = lateClaimSQL
+			}
+			if err := tx.QueryRow(ctx, claim, from, to, afterKey, afterExpiry).Scan(&claimed); errors.Is(err, pgx.ErrNoRows) {
+				claimed = false
+				return nil
+			} else if err != nil {
+				return err
+			}
+			if err := l.renew(ctx, tx, deadline); err != nil {
+				return err
+			}
 			sql := indexSQL
 			if to.InfinityModifier == pgtype.Infinity {
 				sql = indexToInfinitySQL
@@ -305,12 +352,15 @@ func Index(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 		if err != nil {
 			return p, fmt.Errorf("plain keys: index the range %s to %s: %w", format(from), format(to), err)
 		}
+		if !claimed {
+			continue // the range changed since it was read: read them again
+		}
 		p.Scanned += scanned
 		p.Recorded += recorded
 		if scanned < int64(size) {
 			p.RangesDone++
 		}
-		size = min(batch, 2*size)
+		size = doubled(size, batch)
 	}
 }
 
@@ -395,9 +445,19 @@ func Prune(ctx context.Context, conn *pgx.Conn, batch int, l Limits, deadline ti
 		if tag.RowsAffected() < int64(size) {
 			break
 		}
-		size = min(batch, 2*size)
+		size = doubled(size, batch)
 	}
 	return deleted, nil
+}
+
+// doubled returns the size of the batch after one of size that completed:
+// twice as large, up to batch (written so as not to overflow when batch is
+// near the largest int).
+func doubled(size, batch int) int {
+	if size > batch-size {
+		return batch
+	}
+	return 2 * size
 }
 
 func format(t pgtype.Timestamptz) string {

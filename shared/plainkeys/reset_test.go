@@ -83,7 +83,7 @@ func TestARangeMarkedAgainDuringABatchKeepsItsReset(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool {
 		return dbtest.Count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity
-			WHERE $1 = ANY (pg_blocking_pids(pid)) AND query LIKE '%UPDATE idempotency_archive_plain_keys_pending%'`, opPID) > 0
+			WHERE $1 = ANY (pg_blocking_pids(pid)) AND query LIKE '%FROM idempotency_archive_plain_keys_pending%FOR UPDATE%'`, opPID) > 0
 	}, 10*time.Second, 20*time.Millisecond, "Index's batch waits for the operator's row")
 	require.NoError(t, op.Commit(ctx))
 	require.NoError(t, <-done)
