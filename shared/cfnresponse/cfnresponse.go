@@ -96,7 +96,7 @@ func Wrap(fn cfn.CustomResourceFunction, opts Options) func(context.Context, cfn
 			// "Invalid PhysicalResourceId" instead of the reason.
 			resp.PhysicalResourceID = cmp.Or(ev.PhysicalResourceID, ev.LogicalResourceID)
 		}
-		body, err := encode(resp)
+		body, err := encode(resp, cmp.Or(ev.PhysicalResourceID, ev.LogicalResourceID))
 		if err != nil {
 			return fmt.Errorf("answer CloudFormation: %w", err)
 		}
@@ -107,8 +107,10 @@ func Wrap(fn cfn.CustomResourceFunction, opts Options) func(context.Context, cfn
 // encode returns the answer's JSON, made to fit MaxResponseBytes: a reason
 // too long is cut (the function's log has it whole), and Data that JSON
 // cannot hold (NaN) or that does not fit turns the answer into a FAILED one
-// that says so, rather than an answer CloudFormation never gets.
-func encode(resp *cfn.Response) ([]byte, error) {
+// that says so, rather than an answer CloudFormation never gets; so does a
+// physical id too long to fit beside any reason, answered FAILED under
+// fallbackID (the resource's own id, or its logical id on a create).
+func encode(resp *cfn.Response, fallbackID string) ([]byte, error) {
 	body, err := json.Marshal(resp)
 	if err != nil || len(body) > MaxResponseBytes && len(resp.Data) > 0 {
 		why := "its Data is larger than CloudFormation takes"
@@ -121,19 +123,42 @@ func encode(resp *cfn.Response) ([]byte, error) {
 			return nil, err
 		}
 	}
-	if over := len(body) - MaxResponseBytes; over > 0 {
-		const cut = "... (the function's log has the rest)"
-		reason := []rune(resp.Reason)
-		// Cut by runes until it fits: JSON escapes can make a rune longer
-		// than its UTF-8 bytes.
-		for len(body) > MaxResponseBytes && len(reason) > 0 {
-			reason = reason[:max(0, len(reason)-max(over, 16))]
-			resp.Reason = string(reason) + cut
-			if body, err = json.Marshal(resp); err != nil {
-				return nil, err
-			}
-			over = len(body) - MaxResponseBytes
+	if len(body) <= MaxResponseBytes {
+		return body, nil
+	}
+	const cut = "... (the function's log has the rest)"
+	reason := []rune(resp.Reason)
+	// The longest prefix of the reason, in whole runes, whose answer fits:
+	// found by its encoded length, as JSON escapes make '<' or '"' longer
+	// than a byte and a rune may be four.
+	withReason := func(n int) ([]byte, error) {
+		resp.Reason = string(reason[:n]) + cut
+		return json.Marshal(resp)
+	}
+	lo, hi := -1, len(reason) // the answer with reason[:lo] fits (-1: not known to), with reason[:hi] does not
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		b, err := withReason(mid)
+		if err != nil {
+			return nil, err
 		}
+		if len(b) <= MaxResponseBytes {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	if lo >= 0 {
+		return withReason(lo)
+	}
+	resp.Status, resp.Data, resp.NoEcho = cfn.StatusFailed, nil, false
+	resp.PhysicalResourceID = fallbackID
+	resp.Reason = fmt.Sprintf("the function's answer was dropped: its physical resource id (%d bytes) is longer than CloudFormation takes", len(body))
+	if body, err = json.Marshal(resp); err != nil {
+		return nil, err
+	}
+	if len(body) > MaxResponseBytes {
+		return nil, fmt.Errorf("an answer of %d bytes cannot be cut to the %d CloudFormation takes", len(body), MaxResponseBytes)
 	}
 	return body, nil
 }

@@ -2,6 +2,7 @@ package cfnresponse_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"math"
@@ -56,6 +57,57 @@ func TestALongReasonFitsCloudFormationsLimit(t *testing.T) {
 	require.LessOrEqual(t, len(c.bodies[0]), cfnresponse.MaxResponseBytes, "the answer is %d bytes", len(c.bodies[0]))
 	require.Contains(t, string(c.bodies[0]), "migration failed: ERROR: relation does not exist")
 	require.Contains(t, string(c.bodies[0]), "the function's log has the rest")
+}
+
+// A long reason of runes wider than a byte, or of characters JSON writes as
+// six bytes ('<', '&'), keeps as much of itself as fits, its first words
+// included. Cut by the bytes it was over, counted as runes, it once kept
+// none of itself.
+func TestALongReasonOfWideRunesKeepsWhatFits(t *testing.T) {
+	t.Parallel()
+	for name, reason := range map[string]string{
+		"two bytes":         strings.Repeat("é", 3000),
+		"three bytes":       strings.Repeat("€", 2000),
+		"four bytes":        strings.Repeat("🙂", 1500),
+		"six bytes escaped": strings.Repeat("<", 1500),
+		"quotes":            strings.Repeat(`relation "x" `, 500),
+	} {
+		c := newRawCF(t)
+		h := cfnresponse.Wrap(func(context.Context, cfn.Event) (string, map[string]any, error) {
+			return "", nil, errors.New("migration failed: " + reason)
+		}, cfnresponse.Options{})
+		require.NoError(t, h(context.Background(), eventFor(c.srv.URL)))
+		require.Equal(t, 1, c.n())
+		body := c.bodies[0]
+		require.LessOrEqual(t, len(body), cfnresponse.MaxResponseBytes, name)
+		var r cfn.Response
+		require.NoError(t, json.Unmarshal(body, &r), name)
+		require.True(t, strings.HasPrefix(r.Reason, "migration failed: "), "%s: %.80q", name, r.Reason)
+		require.True(t, strings.HasSuffix(r.Reason, "the function's log has the rest)"), name)
+		// The longest prefix that fits: one more rune would not.
+		require.Greater(t, len(body), cfnresponse.MaxResponseBytes-7, "%s: the reason was cut further than it had to be: %d bytes", name, len(body))
+	}
+}
+
+// A physical id too long for any answer to fit is answered FAILED, under
+// the resource's logical id (a create), with a reason that says why: sent
+// as it is, CloudFormation would show "Response is too long" instead.
+func TestAPhysicalIDTooLongToFitIsAnsweredFailed(t *testing.T) {
+	t.Parallel()
+	c := newRawCF(t)
+	h := cfnresponse.Wrap(func(context.Context, cfn.Event) (string, map[string]any, error) {
+		return strings.Repeat("x", 5000), map[string]any{"k": "v"}, nil
+	}, cfnresponse.Options{})
+	require.NoError(t, h(context.Background(), eventFor(c.srv.URL)))
+	require.Equal(t, 1, c.n())
+	body := c.bodies[0]
+	require.LessOrEqual(t, len(body), cfnresponse.MaxResponseBytes)
+	var r cfn.Response
+	require.NoError(t, json.Unmarshal(body, &r))
+	require.Equal(t, cfn.StatusFailed, r.Status)
+	require.Equal(t, "Schema", r.PhysicalResourceID)
+	require.Contains(t, r.Reason, "physical resource id")
+	require.Empty(t, r.Data)
 }
 
 // A handler that runs until its context ends (a migration that is too slow)
