@@ -81,6 +81,11 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 	if cfg.MaxDuration, err = durationOption("max_duration", opts.MaxDuration, cfg.MaxDuration); err != nil {
 		return sweep.Result{}, err
 	}
+	if opts.MaxDuration != nil && cfg.MaxDuration == 0 {
+		// sweep.Config reads 0 as no limit: a max_duration of "0s" given
+		// here would run until drained, the opposite of what it says.
+		return sweep.Result{}, fmt.Errorf("invalid options: max_duration must be more than 0, got %q: leave it out for no limit but the invocation's deadline", *opts.MaxDuration)
+	}
 
 	cfg.Conflicts = &h.conflicts
 	cfg.Batches = &h.batches

@@ -108,7 +108,10 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 		// Empty is not the configured value's spelling, nor is null.
 		`{"pause": ""}`:        "invalid options: pause is empty",
 		`{"max_duration": ""}`: "invalid options: max_duration is empty",
-		`{"detail-type": "Scheduled Event", "detail": {"max_duration": ""}}`: "invalid options: max_duration is empty",
+		// sweep.Config reads 0 as no limit: given, it would run until drained.
+		`{"max_duration": "0s"}`: `invalid options: max_duration must be more than 0, got "0s"`,
+		`{"detail-type": "Scheduled Event", "detail": {"max_duration": "-0"}}`: `max_duration must be more than 0, got "-0"`,
+		`{"detail-type": "Scheduled Event", "detail": {"max_duration": ""}}`:   "invalid options: max_duration is empty",
 		`{"batch_size": null}`: `invalid options: "batch_size" is null`,
 		`{"batchsize": 10}`:    `unknown field "batchsize"`,
 		`{"detail-type": "Scheduled Event", "detail": {"max_duration": 5}}`: "invalid options",
