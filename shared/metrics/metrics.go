@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -154,7 +155,9 @@ type emfMeta struct {
 
 // Emit writes the values as one EMF line. The metrics carry no dimensions, so
 // an alarm addresses them by namespace and name alone. Write errors are
-// dropped: losing a metric line must never fail the work it describes.
+// dropped: losing a metric line must never fail the work it describes. A
+// value JSON cannot hold (NaN, ±Inf) is left out, so that the others are
+// still written (with it, the line would not encode at all).
 func (e *Emitter) Emit(values ...Value) {
 	if e == nil || len(values) == 0 {
 		return
@@ -162,8 +165,14 @@ func (e *Emitter) Emit(values ...Value) {
 	doc := make(map[string]any, len(values)+1)
 	directive := emfDirective{Namespace: e.namespace, Dimensions: [][]string{{}}}
 	for _, v := range values {
+		if math.IsNaN(v.Value) || math.IsInf(v.Value, 0) {
+			continue
+		}
 		directive.Metrics = append(directive.Metrics, emfMetric{Name: v.Name, Unit: v.Unit})
 		doc[v.Name] = v.Value
+	}
+	if len(directive.Metrics) == 0 {
+		return
 	}
 	doc["_aws"] = emfMeta{Timestamp: e.now().UnixMilli(), CloudWatchMetrics: []emfDirective{directive}}
 	line, err := json.Marshal(doc)

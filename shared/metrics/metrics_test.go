@@ -3,6 +3,7 @@ package metrics
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -114,5 +115,30 @@ func TestValidateNamespaceFollowsCloudWatchsRules(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: want an error saying %s, got %v", ns, want, err)
 		}
+	}
+}
+
+// A value JSON cannot hold (NaN, ±Inf) is left out and the others are
+// written: with it, the line would not encode, and every value in it would
+// be lost. A line of such values alone is not written.
+func TestAValueJSONCannotHoldIsLeftOutNotTheLine(t *testing.T) {
+	var buf bytes.Buffer
+	e := New(&buf, "x")
+	e.Emit(Count(ArchivedTotal, 12), Value{Name: "newest_partition_days", Unit: UnitCount, Value: math.Inf(1)},
+		Value{Name: "nan", Value: math.NaN()})
+	var doc map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatalf("%v: %q", err, buf.String())
+	}
+	if doc[ArchivedTotal] != 12.0 || doc["newest_partition_days"] != nil || doc["nan"] != nil {
+		t.Fatalf("want archived 12 alone, got %v", doc)
+	}
+	if !strings.Contains(buf.String(), `"Metrics":[{"Name":"idempotency_archived_total","Unit":"Count"}]`) {
+		t.Fatalf("the directive names a value that is not there: %s", buf.String())
+	}
+	buf.Reset()
+	e.Emit(Value{Name: "nan", Value: math.NaN()})
+	if buf.Len() != 0 {
+		t.Fatalf("wrote %q", buf.String())
 	}
 }
