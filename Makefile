@@ -104,7 +104,7 @@ build-local-%:
 .PHONY: bin/lambdalocal
 bin/lambdalocal:
 	@echo "  build  bin/lambdalocal"
-	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/lambdalocal ./cmd/lambdalocal
+	@CGO_ENABLED=0 $(GO) build -trimpath -tags notrace -o bin/lambdalocal ./cmd/lambdalocal
 
 $(RIE):
 	@echo "  install  $(RIE) (the AWS Lambda Runtime Interface Emulator, from the Go module proxy)"
@@ -157,7 +157,7 @@ bin/demo:
 .PHONY: archivectl
 archivectl: ## Build the operator CLI into bin/archivectl
 	@echo "  build  bin/archivectl"
-	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/archivectl ./cmd/archivectl
+	@CGO_ENABLED=0 $(GO) build -trimpath -tags notrace -o bin/archivectl ./cmd/archivectl
 
 .PHONY: db-shell
 db-shell: archivectl ## Throwaway database, migrated and partitioned, with a shell that has DATABASE_URL set

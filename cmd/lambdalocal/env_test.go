@@ -21,3 +21,18 @@ func TestAnInvokedFunctionGetsTheConnectionEnvironment(t *testing.T) {
 		"AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "AKID",
 	}, got)
 }
+
+// A daemon address the X-Ray SDK cannot parse or resolve would panic the
+// invoked function at start, with a stack trace: invoke refuses it with a
+// line naming the variable. The shapes the SDK takes are passed on.
+func TestAnXRayDaemonAddressTheSDKWouldPanicOnIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"", "127.0.0.1:2000", "localhost:2000", "tcp:127.0.0.1:2000 udp:127.0.0.1:2001", "udp:127.0.0.1:2001 tcp:127.0.0.1:2000"} {
+		require.NoError(t, checkXRayDaemonAddress(ok), ok)
+	}
+	for _, bad := range []string{"xray-daemon", "xray-daemon.invalid:2000", "tcp:127.0.0.1:2000", "udp:127.0.0.1:1 udp:127.0.0.1:2", "a b c", " 127.0.0.1:2000"} {
+		err := checkXRayDaemonAddress(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), "AWS_XRAY_DAEMON_ADDRESS", bad)
+	}
+}

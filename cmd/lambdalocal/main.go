@@ -24,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"os/signal"
@@ -131,6 +132,9 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	env := functionEnv(os.Environ())
+	if err := checkXRayDaemonAddress(env[xrayDaemonAddress]); err != nil {
+		return err
+	}
 	startCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	e, err := emulator.Start(startCtx, *rie, *bootstrap, env, stderr)
@@ -756,6 +760,46 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 // credentials a secret or an IAM token needs) read, as a deployed function
 // has them. Nothing else of the shell's environment reaches it. (A template,
 // a file that gets shared, takes the settings alone.)
+// xrayDaemonAddress is the variable the X-Ray SDK reads its daemon's
+// address from when its package initializes, in every binary that links it
+// (the functions, this command and archivectl unless built with the notrace
+// tag): one it cannot parse or resolve panics the binary before main.
+const xrayDaemonAddress = "AWS_XRAY_DAEMON_ADDRESS"
+
+// checkXRayDaemonAddress refuses a daemon address the X-Ray SDK would panic
+// on in the invoked function: "host:port", or "tcp:host:port udp:host:port"
+// (either order), each resolvable.
+func checkXRayDaemonAddress(v string) error {
+	if v == "" {
+		return nil
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("%s=%q: %s (the function's X-Ray SDK would panic at start): give host:port, or unset it", xrayDaemonAddress, v, why)
+	}
+	parts := strings.Fields(v)
+	switch {
+	case len(parts) == 1 && parts[0] == v:
+		parts = []string{"udp:" + v, "tcp:" + v}
+	case len(parts) != 2:
+		return bad("not host:port")
+	}
+	seen := map[string]bool{}
+	for _, p := range parts {
+		network, addr, ok := strings.Cut(p, ":")
+		if !ok || (network != "tcp" && network != "udp") || seen[network] {
+			return bad("not host:port, nor tcp:host:port udp:host:port")
+		}
+		seen[network] = true
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return bad("not host:port")
+		}
+		if _, err := net.ResolveUDPAddr("udp", addr); err != nil {
+			return bad("its host does not resolve")
+		}
+	}
+	return nil
+}
+
 func functionEnv(environ []string) map[string]string {
 	env := map[string]string{}
 	for _, kv := range environ {
