@@ -60,12 +60,18 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partitio
 	// Validate before connecting: a bad override is the caller's mistake and
 	// must never reach the manager.
 	if err := cfg.WithDefaults().Validate(); err != nil {
-		var ce *partition.ConfigError
-		if errors.As(err, &ce) && ce.Field == "RetentionMonths" && opts.RetentionMonths != nil {
-			return partition.Result{}, fmt.Errorf("invalid options: retention_months: %w", err)
+		// Named by the option that set the field, when one did.
+		given := map[string]struct {
+			option string
+			set    bool
+		}{
+			"LeadMonths":      {"lead_months", opts.LeadMonths != nil},
+			"RetentionMonths": {"retention_months", opts.RetentionMonths != nil},
+			"CompactPerRun":   {"compact_per_run", opts.CompactPerRun != nil},
 		}
-		if errors.As(err, &ce) && ce.Field == "CompactPerRun" && opts.CompactPerRun != nil {
-			return partition.Result{}, fmt.Errorf("invalid options: compact_per_run: %w", err)
+		var ce *partition.ConfigError
+		if errors.As(err, &ce) && given[ce.Field].set {
+			return partition.Result{}, fmt.Errorf("invalid options: %s: %w", given[ce.Field].option, err)
 		}
 		return partition.Result{}, fmt.Errorf("invalid options: %w", err)
 	}

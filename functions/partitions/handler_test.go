@@ -69,6 +69,7 @@ func TestBadOptionsAreClearErrors(t *testing.T) {
 	for payload, want := range map[string]string{
 		`{"lead_months": 1}`:       "lead_months must be at least 2, got 1",
 		`{"lead_months": 0}`:       "lead_months must be at least 2, got 0",
+		`{"lead_months": 121}`:     "invalid options: lead_months: partition lead of 121 months is more than 120",
 		`{"retention_months": -1}`: "must not be negative",
 		`{"dry-run": true}`:        `unknown field "dry-run"`,
 		`{"compact_per_run": -1}`:  "compact_per_run: partitions compacted per run must be 0 (none) to 24, got -1",

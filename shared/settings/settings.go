@@ -149,7 +149,7 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 	if err := keytime.ValidateSkew(s.ClockSkew); err != nil && r.err == nil {
 		r.fail("CLOCK_SKEW", err)
 	}
-	switch mode := strings.ToLower(getenv("SWEEP_MISSING_PARTITION")); mode {
+	switch mode := getenv("SWEEP_MISSING_PARTITION"); strings.ToLower(mode) {
 	case "", "create":
 	case "fail":
 		s.Sweep.FailOnMissingPartition = true

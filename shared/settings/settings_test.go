@@ -123,6 +123,8 @@ func TestArchiveErrorsNameTheOneVariable(t *testing.T) {
 		"ARCHIVE_STATEMENT_TIMEOUT": {"1500us", "1.5ms"},
 		"MAX_LIVE_TTL":              {"1h", "got 1h0m0s"},
 		"LIVE_TTL":                  {"500ms", "got 500ms"},
+		// Quoted as written, not as compared.
+		"SWEEP_MISSING_PARTITION": {"FAILx", `got "FAILx"`},
 	} {
 		_, err := FromEnv(env(map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1/db", name: c.value}))
 		if err == nil || !strings.HasPrefix(err.Error(), name+":") || !strings.Contains(err.Error(), c.want) {
