@@ -224,3 +224,28 @@ func TestAnOlderWritersHashKeepsNoExpiryForAnotherRequest(t *testing.T) {
 	_ = s.Complete(ctx, key, untokened)
 	require.Equal(t, time.Duration(-1), s.client.PTTL(ctx, s.prefix+key).Val())
 }
+
+// An outcome kept twice (aside, then under its key's own name by a later
+// attempt while the archive was still down) is one outcome: a dry run says
+// what the run then does, one archived and one already given back (the
+// run gives both copies their expiry in one step), and the run writes one
+// archive row.
+func TestADryRunCountsAnOutcomeKeptTwiceAsTheRunDoes(t *testing.T) {
+	t.Parallel()
+	s, db := newRedisStore(t)
+	ctx := context.Background()
+	const key = "idem:v1:kept-twice"
+	_, c, up := keptAside(t, s, db, key)
+	require.ErrorContains(t, s.Complete(ctx, key, c), "kept in Redis")
+	up()
+	require.Equal(t, time.Duration(-1), s.client.PTTL(ctx, s.prefix+key).Val(), "the outcome under its key's own name, without expiry")
+	require.Equal(t, time.Duration(-1), s.client.PTTL(ctx, s.aside(key)).Val(), "and aside, without expiry")
+	fail := func(k string, err error) { t.Errorf("%q: %v", k, err) }
+	dry, err := s.Reconcile(ctx, true, fail)
+	require.NoError(t, err)
+	run, err := s.Reconcile(ctx, false, fail)
+	require.NoError(t, err)
+	require.Equal(t, ReconcileResult{Scanned: dry.Scanned, Kept: 2, Archived: 1, Already: 1}, dry)
+	require.Equal(t, dry, run)
+	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", key))
+}

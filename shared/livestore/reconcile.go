@@ -16,7 +16,8 @@ import (
 
 // ReconcileResult says what Redis.Reconcile found and did.
 type ReconcileResult struct {
-	// Scanned counts the keys under the store's prefix.
+	// Scanned counts the keys under the store's prefix (one that SCAN
+	// returns twice, as it may while Redis resizes its table, twice).
 	Scanned int `json:"scanned"`
 	// Kept counts the completed hashes kept without expiry: outcomes whose
 	// archive row could not be written at completion.
@@ -33,7 +34,9 @@ type ReconcileResult struct {
 	// (another run beside this one, or the request's own later attempt,
 	// gave it back first; or the hash vanished since the scan, or changed
 	// and has an expiry: changed and still without one, it counts as
-	// failed).
+	// failed; or, in a dry run, it is a second copy of an outcome the run
+	// counted, aside and under its key's own name, which the run gives its
+	// expiry with the first).
 	// Their rows are archived all the same. Kept is Archived + Already +
 	// the kept hashes that failed.
 	Already int `json:"already"`
@@ -90,6 +93,14 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 		return res, err
 	}
 	pattern := escapeGlob(s.prefix) + "*"
+	// seen holds the kept hashes this run came to (SCAN may return a key
+	// twice while Redis resizes its table), counted holds the outcomes
+	// (key and registration) this run archived or, in a dry run, would:
+	// an outcome can be kept twice, aside and under its key's own name
+	// (a later attempt of its request wrote it back while the archive was
+	// still down), and the run gives both their expiry in one step, so
+	// that the second counts as already given back.
+	seen, counted := map[string]bool{}, map[[2]string]bool{}
 	var cursor uint64
 	for {
 		keys, next, err := s.client.Scan(ctx, cursor, pattern, reconcileScanCount).Result()
@@ -124,13 +135,23 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 				report(hashKey, errors.New("a hash without expiry that is not completed: left alone (no release of this store writes one; look its key up in the archive before removing it by hand)"))
 				continue
 			}
+			if seen[hashKey] {
+				continue
+			}
+			seen[hashKey] = true
 			res.Kept++
+			outcome := [2]string{h["key"], h["reg"]}
+			if dryRun && h["key"] != "" && counted[outcome] {
+				res.Already++
+				continue
+			}
 			expired, err := s.reconcileOne(ctx, hashKey, h, dryRun)
 			switch {
 			case err != nil:
 				res.Failed++
 				report(hashKey, err)
 			case expired:
+				counted[outcome] = true
 				res.Archived++
 			default:
 				res.Already++
