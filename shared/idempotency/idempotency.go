@@ -334,10 +334,13 @@ type Config struct {
 	// ArchiveTimeout bounds one archive lookup. Default 2s (when zero);
 	// at least MinArchiveTimeout.
 	ArchiveTimeout time.Duration
-	// RetryAfter is sent with 409 in-flight and 503 answers. Default 1s.
+	// RetryAfter is sent with 409 in-flight and 503 answers. Default 1s,
+	// also when zero: "Retry-After: 0" would have clients retry in a busy
+	// loop, so zero is never meant.
 	RetryAfter time.Duration
 	// MaxBodyBytes bounds the request body read for the fingerprint; larger
-	// bodies are a 413. Default 1 MiB.
+	// bodies are a 413. Default 1 MiB, also when zero: a limit of 0 would
+	// refuse every request with a body, the requests the middleware is for.
 	MaxBodyBytes int64
 	// ResourceIDPath is the dotted JSON path of the resource id in the
 	// response body. Default "id".
