@@ -214,12 +214,17 @@ func TestAPathParameterThatNamesAnotherKeyIsRefused(t *testing.T) {
 		payload string
 		status  int
 	}{
-		"REST, another key":             {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:someone-else"}}`, 400},
-		"HTTP API, another key":         {`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","pathParameters":{"key":"idem:v1:someone-else"},"requestContext":{"http":{"method":"GET"}}}`, 400},
-		"REST, decoded":                 {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:probe"}}`, 200},
-		"REST, as the path has it":      {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem%3Av1%3Aprobe"}}`, 200},
-		"REST, stage in the path":       {`{"httpMethod":"GET","path":"/prod/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:probe"}}`, 200},
-		"HTTP API, the same key":        {`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","pathParameters":{"key":"idem:v1:probe"},"requestContext":{"http":{"method":"GET"}}}`, 200},
+		"REST, another key":        {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:someone-else"}}`, 400},
+		"HTTP API, another key":    {`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","pathParameters":{"key":"idem:v1:someone-else"},"requestContext":{"http":{"method":"GET"}}}`, 400},
+		"REST, decoded":            {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:probe"}}`, 200},
+		"REST, as the path has it": {`{"httpMethod":"GET","path":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem%3Av1%3Aprobe"}}`, 200},
+		"REST, stage in the path":  {`{"httpMethod":"GET","path":"/prod/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:probe"}}`, 200},
+		"HTTP API, the same key":   {`{"version":"2.0","rawPath":"/v1/archive/keys/idem:v1:probe","pathParameters":{"key":"idem:v1:probe"},"requestContext":{"http":{"method":"GET"}}}`, 200},
+		// The answer is about the decoded path's key, idem:v1:probe/v1/archive/keys/idem:v1:b:
+		// a parameter that names the raw path's later key does not agree.
+		"REST, the route encoded":       {`{"httpMethod":"GET","path":"/v1%2Farchive%2Fkeys%2Fidem:v1:probe/v1/archive/keys/idem:v1:b","pathParameters":{"key":"idem:v1:b"}}`, 400},
+		"function URL, another key":     {`{"version":"2.0","rawPath":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:other"},"requestContext":{"domainName":"abcdefghij0123456789klmnop.lambda-url.eu-west-1.on.aws","http":{"method":"GET"}}}`, 400},
+		"function URL, the same key":    {`{"version":"2.0","rawPath":"/v1/archive/keys/idem%3Av1%3Aprobe","pathParameters":{"key":"idem:v1:probe"},"requestContext":{"domainName":"abcdefghij0123456789klmnop.lambda-url.eu-west-1.on.aws","http":{"method":"GET"}}}`, 200},
 		"REST, key on the lookup route": {`{"httpMethod":"GET","path":"/v1/archive/lookup","queryStringParameters":{"scoped_key":"idem:v1:probe"},"pathParameters":{"key":"idem:v1:other"}}`, 400},
 	} {
 		var d struct {

@@ -158,7 +158,11 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		if name, ok := disagree(raw, ev.QueryStringParameters, false); ok && ev.RawQueryString != "" {
 			return h.refuse(ctx, kind, badPayload(disagreeError(name, "rawQueryString")), requestID)
 		}
-		if err := pathKeyAgrees(ev.PathParameters, ev.RawPath, ev.RawPath); err != nil {
+		decoded := ev.RawPath // as HTTP APIs deliver it
+		if functionURL(ev.RequestContext.DomainName) {
+			decoded, _ = url.PathUnescape(ev.RawPath) // as serveEncoded reads it; refused there when it does not unescape
+		}
+		if err := pathKeyAgrees(ev.PathParameters, decoded); err != nil {
 			return h.refuse(ctx, kind, badPayload(err), requestID)
 		}
 		if functionURL(ev.RequestContext.DomainName) {
@@ -186,7 +190,7 @@ func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 			return h.refuse(ctx, kind, badPayload(disagreeError(name, "multiValueQueryStringParameters")), requestID)
 		}
 		if decoded, err := url.PathUnescape(ev.Path); err == nil {
-			if err := pathKeyAgrees(ev.PathParameters, ev.Path, decoded); err != nil {
+			if err := pathKeyAgrees(ev.PathParameters, decoded); err != nil {
 				return h.refuse(ctx, kind, badPayload(err), requestID)
 			}
 		}
@@ -263,31 +267,31 @@ func lossless(kind eventKind, payload []byte) error {
 const keyParameter = "key"
 
 // pathKeyAgrees refuses an event whose path parameter names another key
-// than its path, which the answer is built from: API Gateway fills both
-// from one request, so only a hand-made event can differ, and then which
-// key the caller meant is unknown. The parameter may be given as the path
-// carries the key (raw) or decoded, so either is taken as agreeing.
-func pathKeyAgrees(params map[string]string, raw, decoded string) error {
+// than the one the answer is built from, the key in its decoded path: API
+// Gateway fills both from one request, so only a hand-made event can
+// differ, and then which key the caller meant is unknown. The parameter
+// may be given decoded or as the path carries it, so either agrees.
+func pathKeyAgrees(params map[string]string, decoded string) error {
 	param, ok := params[keyParameter]
 	if !ok {
 		return nil
 	}
-	fromRaw, inRaw := keyOf(raw)
-	fromDecoded, inDecoded := keyOf(decoded)
-	if (inRaw && param == fromRaw) || (inDecoded && param == fromDecoded) {
-		return nil
+	if key, ok := keyOf(decoded); ok {
+		if unescaped, err := url.PathUnescape(param); param == key || (err == nil && unescaped == key) {
+			return nil
+		}
 	}
 	return fmt.Errorf("pathParameters.%s does not name the key in the path: give one key", keyParameter)
 }
 
-// keyOf returns the key a path to the keys route names.
+// keyOf returns the key a path to the keys route names, found as
+// lookupapi routes it: after the first "/v1/archive/".
 func keyOf(path string) (string, bool) {
-	const route = "/v1/archive/keys/"
-	i := strings.Index(path, route)
+	i := strings.Index(path, "/v1/archive/")
 	if i < 0 {
 		return "", false
 	}
-	return path[i+len(route):], true
+	return strings.CutPrefix(path[i:], "/v1/archive/keys/")
 }
 
 // refuse answers err in the event's shape.
