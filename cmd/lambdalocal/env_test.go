@@ -24,13 +24,16 @@ func TestAnInvokedFunctionGetsTheConnectionEnvironment(t *testing.T) {
 
 // A daemon address the X-Ray SDK cannot parse or resolve would panic the
 // invoked function at start, with a stack trace: invoke refuses it with a
-// line naming the variable. The shapes the SDK takes are passed on.
+// line naming the variable. The shapes the SDK takes are passed on. (Not
+// parallel: the check reads the process's environment, as the SDK does.)
 func TestAnXRayDaemonAddressTheSDKWouldPanicOnIsRefused(t *testing.T) {
-	t.Parallel()
 	for _, ok := range []string{"", "127.0.0.1:2000", "localhost:2000", "tcp:127.0.0.1:2000 udp:127.0.0.1:2001", "udp:127.0.0.1:2001 tcp:127.0.0.1:2000"} {
+		t.Setenv(xrayDaemonAddress, ok)
 		require.NoError(t, checkXRayDaemonAddress(ok), ok)
 	}
-	for _, bad := range []string{"xray-daemon", "xray-daemon.invalid:2000", "tcp:127.0.0.1:2000", "udp:127.0.0.1:1 udp:127.0.0.1:2", "a b c", " 127.0.0.1:2000"} {
+	for _, bad := range []string{"xray-daemon", "xray-daemon.invalid:2000", "tcp:127.0.0.1:2000", "udp:127.0.0.1:1 udp:127.0.0.1:2",
+		"a b c", "[::1]:2000", "udp:127.0.0.1:2000  tcp:127.0.0.1:2000", "udp:127.0.0.1:2000\ttcp:127.0.0.1:2000", "localhost:domain", "127.0.0.1:"} {
+		t.Setenv(xrayDaemonAddress, bad)
 		err := checkXRayDaemonAddress(bad)
 		require.Error(t, err, bad)
 		require.Contains(t, err.Error(), "AWS_XRAY_DAEMON_ADDRESS", bad)

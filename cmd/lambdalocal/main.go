@@ -24,7 +24,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/signal"
@@ -34,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws/aws-xray-sdk-go/v2/daemoncfg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -766,36 +766,17 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 // tag): one it cannot parse or resolve panics the binary before main.
 const xrayDaemonAddress = "AWS_XRAY_DAEMON_ADDRESS"
 
-// checkXRayDaemonAddress refuses a daemon address the X-Ray SDK would panic
-// on in the invoked function: "host:port", or "tcp:host:port udp:host:port"
-// (either order), each resolvable.
+// checkXRayDaemonAddress refuses a daemon address (the value of
+// AWS_XRAY_DAEMON_ADDRESS in this process's environment, which the invoked
+// function gets) that the X-Ray SDK would panic on in the function: read by
+// the SDK's own parser, which is stricter than net's (no IPv6 literal, a
+// single space between the two forms, a numeric port), and resolved.
 func checkXRayDaemonAddress(v string) error {
 	if v == "" {
 		return nil
 	}
-	bad := func(why string) error {
-		return fmt.Errorf("%s=%q: %s (the function's X-Ray SDK would panic at start): give host:port, or unset it", xrayDaemonAddress, v, why)
-	}
-	parts := strings.Fields(v)
-	switch {
-	case len(parts) == 1 && parts[0] == v:
-		parts = []string{"udp:" + v, "tcp:" + v}
-	case len(parts) != 2:
-		return bad("not host:port")
-	}
-	seen := map[string]bool{}
-	for _, p := range parts {
-		network, addr, ok := strings.Cut(p, ":")
-		if !ok || (network != "tcp" && network != "udp") || seen[network] {
-			return bad("not host:port, nor tcp:host:port udp:host:port")
-		}
-		seen[network] = true
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return bad("not host:port")
-		}
-		if _, err := net.ResolveUDPAddr("udp", addr); err != nil {
-			return bad("its host does not resolve")
-		}
+	if _, err := daemoncfg.GetDaemonEndpointsFromEnv(); err != nil {
+		return fmt.Errorf("%s=%q: %v (the function's X-Ray SDK would panic at start): give host:port, or unset it", xrayDaemonAddress, v, err)
 	}
 	return nil
 }
