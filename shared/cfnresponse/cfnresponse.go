@@ -111,9 +111,10 @@ func Wrap(fn cfn.CustomResourceFunction, opts Options) func(context.Context, cfn
 // physical id too long to fit beside any reason, answered FAILED under
 // fallbackID (the resource's own id, or its logical id on a create).
 func encode(resp *cfn.Response, fallbackID string) ([]byte, error) {
+	idBytes := len(resp.PhysicalResourceID)
 	body, err := json.Marshal(resp)
 	if err != nil || len(body) > MaxResponseBytes && len(resp.Data) > 0 {
-		why := "its Data is larger than CloudFormation takes"
+		why := fmt.Sprintf("its Data does not fit in the %d bytes CloudFormation takes, beside its physical resource id (%d bytes)", MaxResponseBytes, idBytes)
 		if err != nil {
 			why = "its Data cannot be written as JSON: " + err.Error()
 		}
@@ -153,7 +154,7 @@ func encode(resp *cfn.Response, fallbackID string) ([]byte, error) {
 	}
 	resp.Status, resp.Data, resp.NoEcho = cfn.StatusFailed, nil, false
 	resp.PhysicalResourceID = fallbackID
-	resp.Reason = fmt.Sprintf("the function's answer was dropped: its physical resource id (%d bytes) is longer than CloudFormation takes", len(body))
+	resp.Reason = fmt.Sprintf("the function's answer was dropped: its physical resource id (%d bytes) is longer than CloudFormation takes", idBytes)
 	if body, err = json.Marshal(resp); err != nil {
 		return nil, err
 	}

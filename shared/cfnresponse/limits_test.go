@@ -106,8 +106,19 @@ func TestAPhysicalIDTooLongToFitIsAnsweredFailed(t *testing.T) {
 	require.NoError(t, json.Unmarshal(body, &r))
 	require.Equal(t, cfn.StatusFailed, r.Status)
 	require.Equal(t, "Schema", r.PhysicalResourceID)
-	require.Contains(t, r.Reason, "physical resource id")
+	require.Contains(t, r.Reason, "its physical resource id (5000 bytes) is longer than CloudFormation takes")
 	require.Empty(t, r.Data)
+
+	// Data that would fit beside a short id is not blamed alone: the
+	// reason gives the id's size beside it.
+	c = newRawCF(t)
+	h = cfnresponse.Wrap(func(context.Context, cfn.Event) (string, map[string]any, error) {
+		return strings.Repeat("x", 2500), map[string]any{"k": strings.Repeat("v", 1500)}, nil
+	}, cfnresponse.Options{})
+	require.NoError(t, h(context.Background(), eventFor(c.srv.URL)))
+	require.NoError(t, json.Unmarshal(c.bodies[0], &r))
+	require.Equal(t, cfn.StatusFailed, r.Status)
+	require.Contains(t, r.Reason, "beside its physical resource id (2500 bytes)")
 }
 
 // A handler that runs until its context ends (a migration that is too slow)
