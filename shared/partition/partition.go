@@ -1815,6 +1815,34 @@ SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint,
   FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid
  WHERE t.isleaf`
 
+// Detached returns the tables of the archive's schema named like a
+// monthly partition, with the archive's columns, and not attached to it: a
+// month detached entirely (by hand, or a retirement whose DROP failed),
+// whose rows no lookup sees until a partitions run attaches it again
+// (inside the retention) or drops it (outside it).
+func Detached(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire connection: %w", err)
+	}
+	defer conn.Release()
+	tbl, err := lookupTable(ctx, conn.Conn())
+	if err != nil {
+		return nil, err
+	}
+	orphans, err := listOrphans(ctx, conn.Conn(), tbl)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, o := range orphans {
+		if o.shaped {
+			names = append(names, o.name)
+		}
+	}
+	return names, nil
+}
+
 // List returns the archive's partitions with their bounds in UTC.
 func List(ctx context.Context, pool *pgxpool.Pool) ([]Partition, error) {
 	conn, err := pool.Acquire(ctx)

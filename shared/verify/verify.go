@@ -132,7 +132,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 				advice = append(advice, fmt.Sprintf("%s: %s", p.Label(), p.Foreign()))
 				continue
 			}
-			advice = append(advice, fmt.Sprintf("%s is detach-pending (its rows are invisible): run archivectl partitions to attach it again", p.Name))
+			advice = append(advice, fmt.Sprintf("%s is detach-pending (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and finishes its retirement outside it", p.Name))
 			continue
 		}
 		if p.Default {
@@ -156,6 +156,15 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 			advice = append(advice, fmt.Sprintf("%s: %s", p.Label(), problem))
 		}
 	}
+	detached, err := partition.Detached(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range detached {
+		// A month detached entirely: its rows are as invisible as a
+		// detach-pending month's.
+		advice = append(advice, fmt.Sprintf("%s is detached (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and drops it outside it", name))
+	}
 	switch {
 	case endless:
 		figure = "a partition has no upper bound"
@@ -170,7 +179,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	if len(advice) > 0 {
 		figure += "; " + strings.Join(advice, "; ")
 	}
-	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0 && !hasDefault && !detachPending && !foreign, figure})
+	checks = append(checks, Check{"partitions exist two months ahead", len(missing) == 0 && !hasDefault && !detachPending && len(detached) == 0 && !foreign, figure})
 
 	check, err := recorded(ctx, pool)
 	if err != nil {

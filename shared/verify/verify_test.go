@@ -94,7 +94,7 @@ func TestADetachPendingCurrentMonthFailsWithWhatToDo(t *testing.T) {
 
 	c := partitionsCheck(t, db)
 	require.False(t, c.Pass)
-	require.Contains(t, c.Figure, "missing 2026-12; idempotency_key_archive_2026_12 is detach-pending (its rows are invisible): run archivectl partitions to attach it again")
+	require.Contains(t, c.Figure, "missing 2026-12; idempotency_key_archive_2026_12 is detach-pending (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and finishes its retirement outside it")
 }
 
 // An older month whose DETACH ... CONCURRENTLY was interrupted hides its
@@ -117,12 +117,45 @@ func TestADetachPendingOlderMonthFails(t *testing.T) {
 
 	c := partitionsCheck(t, db)
 	require.False(t, c.Pass)
-	require.Equal(t, "newest partition ends 2027-04-01 (120 days ahead); idempotency_key_archive_2026_06 is detach-pending (its rows are invisible): run archivectl partitions to attach it again", c.Figure)
+	require.Equal(t, "newest partition ends 2027-04-01 (120 days ahead); idempotency_key_archive_2026_06 is detach-pending (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and finishes its retirement outside it", c.Figure)
 
 	// AND once a run has attached it again, the check passes
 	_, err = m.Run(ctx, false)
 	require.NoError(t, err)
 	require.True(t, partitionsCheck(t, db).Pass)
+	_, err = r.Lookup(ctx, "idem:v1:june", nil)
+	require.NoError(t, err)
+}
+
+// A month detached entirely (by hand, or a retirement whose DROP failed
+// before the retention was lengthened) hides its rows as a detach-pending
+// one does: the partitions check fails and names it, until a run attaches
+// it again. A table of the name without the archive's columns is another
+// table, not a month.
+func TestAMonthDetachedEntirelyFails(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+	m, err := partition.NewManager(db.Pool, partition.Config{Now: func() time.Time { return now }}, nil)
+	require.NoError(t, err)
+	_, err = m.EnsureMonth(ctx, time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:june", Status: 201, ExpiredAt: time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)})
+	_, err = db.Pool.Exec(ctx, `ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2026_06;
+		CREATE TABLE idempotency_key_archive_2025_01 (note text)`)
+	require.NoError(t, err)
+
+	c := partitionsCheck(t, db)
+	require.False(t, c.Pass)
+	require.Equal(t, "newest partition ends 2027-04-01 (120 days ahead); idempotency_key_archive_2026_06 is detached (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and drops it outside it", c.Figure)
+
+	_, err = db.Pool.Exec(ctx, `DROP TABLE idempotency_key_archive_2025_01`) // a run fails on it until it is renamed
+	require.NoError(t, err)
+	_, err = m.Run(ctx, false)
+	require.NoError(t, err)
+	require.True(t, partitionsCheck(t, db).Pass)
+	r, err := archive.NewReader(db.Pool, archive.Config{}, nil)
+	require.NoError(t, err)
 	_, err = r.Lookup(ctx, "idem:v1:june", nil)
 	require.NoError(t, err)
 }
