@@ -219,10 +219,11 @@ type keyMembers struct {
 	RequestContext  json.RawMessage `json:"requestContext"`
 }
 
-// contextMembers are the members of an event's requestContext that decide
-// how the key is read: its domain name (a function URL's rawPath is
-// percent-decoded once more, an HTTP API's is not), elb (an ALB event is
-// refused) and http (the method).
+// contextMembers holds requestContext's http object, whose members (the
+// method) are checked for duplicates as requestContext's own are: its
+// domainName decides how the key is read (a function URL's rawPath is
+// percent-decoded once more, an HTTP API's is not), its elb whether the
+// event is refused.
 type contextMembers struct {
 	HTTP json.RawMessage `json:"http"`
 }
