@@ -20,7 +20,10 @@ type ReconcileResult struct {
 	// returns twice, as it may while Redis resizes its table, twice).
 	Scanned int `json:"scanned"`
 	// Kept counts the completed hashes kept without expiry: outcomes whose
-	// archive row could not be written at completion.
+	// archive row could not be written at completion. An outcome kept
+	// twice, aside and under its key's own name (a later attempt of its
+	// request wrote it back while the archive was down), counts once, as
+	// the run gives both copies their expiry in one step.
 	Kept int `json:"kept"`
 	// Archived counts those now archived and given their expiry back (in a
 	// dry run, those that would be).
@@ -34,9 +37,7 @@ type ReconcileResult struct {
 	// (another run beside this one, or the request's own later attempt,
 	// gave it back first; or the hash vanished since the scan, or changed
 	// and has an expiry: changed and still without one, it counts as
-	// failed; or, in a dry run, it is a second copy of an outcome the run
-	// counted, aside and under its key's own name, which the run gives its
-	// expiry with the first).
+	// failed).
 	// Their rows are archived all the same. Kept is Archived + Already +
 	// the kept hashes that failed.
 	Already int `json:"already"`
@@ -98,8 +99,9 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 	// (key and registration) this run archived or, in a dry run, would:
 	// an outcome can be kept twice, aside and under its key's own name
 	// (a later attempt of its request wrote it back while the archive was
-	// still down), and the run gives both their expiry in one step, so
-	// that the second counts as already given back.
+	// still down), and the run gives both their expiry in one step. The
+	// second copy is counted with the first, once: whether the scan still
+	// finds it without expiry depends on where SCAN puts the two.
 	seen, counted := map[string]bool{}, map[[2]string]bool{}
 	var cursor uint64
 	for {
@@ -139,21 +141,27 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 				continue
 			}
 			seen[hashKey] = true
-			res.Kept++
 			outcome := [2]string{h["key"], h["reg"]}
-			if dryRun && h["key"] != "" && counted[outcome] {
-				res.Already++
-				continue
+			twin := h["key"] != "" && counted[outcome]
+			if twin && dryRun {
+				continue // the run gives it its expiry with the first copy
 			}
 			expired, err := s.reconcileOne(ctx, hashKey, h, dryRun)
 			switch {
 			case err != nil:
+				res.Kept++
 				res.Failed++
 				report(hashKey, err)
 			case expired:
+				// A twin given its expiry here, not with the first copy
+				// (it changed in between), is an outcome of its own.
+				res.Kept++
 				counted[outcome] = true
 				res.Archived++
+			case twin:
+				// Given its expiry with the first copy: counted with it.
 			default:
+				res.Kept++
 				res.Already++
 			}
 		}
