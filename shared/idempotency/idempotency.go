@@ -61,6 +61,7 @@ package idempotency
 import (
 	"bytes"
 	"cmp"
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -614,20 +615,23 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		if err != nil {
 			var tooLarge *http.MaxBytesError
 			if errors.As(err, &tooLarge) {
-				m.problem(w, r, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the request body is larger than %d bytes", m.cfg.MaxBodyBytes), nil)
+				m.problem(w, r, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit), nil)
 				return
 			}
 			m.problem(w, r, http.StatusBadRequest, "body_unreadable", "the request body could not be read", nil)
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
 		tenant := ""
 		if m.cfg.Tenant != nil {
+			// A Tenant that reads the body (to check a signature over
+			// it) reads a copy: the handler gets the whole body after it.
+			r.Body = io.NopCloser(bytes.NewReader(body))
 			if tenant = m.cfg.Tenant(r); tenant == "" {
 				m.problem(w, r, http.StatusUnauthorized, "idempotency_tenant_missing", "this request has no authenticated caller to scope its Idempotency-Key to", nil)
 				return
 			}
 		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		scoped := ScopedKey(tenant, key)
 		if len(scoped) > MaxScopedKeyBytes {
 			m.problem(w, r, http.StatusBadRequest, "idempotency_key_invalid",
@@ -730,7 +734,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.releaseAfterRun(ctx, scoped, fp, token)
 		}
 	}()
-	next.ServeHTTP(rec, r)
+	next.ServeHTTP(rec, withoutAcceptEncoding(r))
 	returned = true
 
 	if rec.invalid {
@@ -755,7 +759,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // this fingerprint, so once one attempt has landed the next finds none
 // (ErrNotInFlight), and stops.
 func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []byte, reg Entry, rec *recorder) {
-	c := Completion{Fingerprint: fp, Token: token, Status: rec.status, Body: rec.body.Bytes(), ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(rec.body.Bytes(), m.path),
+	body, err := rec.decoded()
+	if err != nil {
+		m.cfg.Logger.ErrorContext(ctx, "idempotency: the handler's answer is kept encoded: replays send it without its Content-Encoding (compress outside the middleware)", "key", scoped, "error", err)
+	}
+	c := Completion{Fingerprint: fp, Token: token, Status: rec.status, Body: body, ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(body, m.path),
 		CreatedAt: reg.CreatedAt, ExpiresAt: reg.ExpiresAt}
 	if rec.resourceID != nil {
 		c.ResourceID = *rec.resourceID
@@ -1179,7 +1187,8 @@ func (r *recorder) WriteHeader(status int) {
 // replay would present half a JSON document as the answer). The replay's
 // body is a problem that says what happened.
 func (r *recorder) cutShort(path []string) *recorder {
-	rid := resourceID(r.body.Bytes(), path)
+	body, _ := r.decoded()
+	rid := resourceID(body, path)
 	out := &recorder{header: http.Header{}, status: r.status, wroteHeader: true, resourceID: &rid}
 	p := problem.New(r.status, "idempotency_response_incomplete",
 		fmt.Sprintf("the request was processed (status %d) but its response was cut short by a server error; it is not run again", r.status))
@@ -1189,6 +1198,53 @@ func (r *recorder) cutShort(path []string) *recorder {
 	b, _ := json.Marshal(p)
 	out.body.Write(b)
 	out.header.Set("Content-Type", problem.ContentType)
+	return out
+}
+
+// maxDecodedBody bounds the body a gzip-encoded answer is stored as.
+const maxDecodedBody = 16 << 20
+
+// decoded returns the handler's body as the outcome is stored and replayed:
+// without a Content-Encoding, which a stored outcome does not keep (it keeps
+// the body and its Content-Type). A gzip body is stored decoded, and its
+// replays are sent plain; a body in another encoding, or one that does not
+// decode, is returned as written, with an error saying why. The handler
+// gets the request without its Accept-Encoding (withoutAcceptEncoding), so
+// one that compresses only what a client accepts never gets here.
+func (r *recorder) decoded() ([]byte, error) {
+	raw := r.body.Bytes()
+	switch enc := strings.ToLower(strings.TrimSpace(r.header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+		return raw, nil
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			return raw, fmt.Errorf("a gzip body that does not decode: %w", err)
+		}
+		b, err := io.ReadAll(io.LimitReader(zr, maxDecodedBody+1))
+		switch {
+		case err != nil:
+			return raw, fmt.Errorf("a gzip body that does not decode: %w", err)
+		case len(b) > maxDecodedBody:
+			return raw, fmt.Errorf("a gzip body of more than %d bytes decoded", maxDecodedBody)
+		}
+		return b, nil
+	default:
+		return raw, fmt.Errorf("a Content-Encoding of %q, which is stored as written", enc)
+	}
+}
+
+// withoutAcceptEncoding returns r without its Accept-Encoding header (on a
+// copy: the caller's request is left as it was), so that the handler
+// answers a body its outcome can be stored and replayed as. Compression
+// belongs outside the middleware.
+func withoutAcceptEncoding(r *http.Request) *http.Request {
+	if _, ok := r.Header["Accept-Encoding"]; !ok {
+		return r
+	}
+	out := r.WithContext(r.Context())
+	out.Header = r.Header.Clone()
+	out.Header.Del("Accept-Encoding")
 	return out
 }
 
