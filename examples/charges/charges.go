@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -34,7 +36,12 @@ type charges struct {
 
 func newCharges() *charges { return &charges{byID: map[string]Charge{}} }
 
-var currencyRE = regexp.MustCompile(`^[a-z]{3}$`)
+// currencyRE is checked before the code is lower-cased: strings.ToLower
+// makes ASCII of some other letters (the Kelvin sign becomes 'k').
+var currencyRE = regexp.MustCompile(`^[A-Za-z]{3}$`)
+
+// maxChargeBody bounds a charge's request body.
+const maxChargeBody = 1 << 16
 
 func (c *charges) create(w http.ResponseWriter, r *http.Request) {
 	var in struct {
@@ -45,12 +52,16 @@ func (c *charges) create(w http.ResponseWriter, r *http.Request) {
 	// proxy, a validator, this handler): a member given twice, or in
 	// another letter case, or anything after the object, is refused
 	// rather than read by its last occurrence.
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<16))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxChargeBody))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		fail(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the body is larger than %d bytes", tooLarge.Limit))
+		return
+	}
 	if err != nil || strictjson.Decode(body, &in, true) != nil {
 		fail(w, http.StatusBadRequest, "invalid_json", "the body must be one JSON object with amount and currency, each given once")
 		return
 	}
-	in.Currency = strings.ToLower(in.Currency)
 	if in.Amount <= 0 {
 		fail(w, http.StatusBadRequest, "invalid_amount", "amount must be a positive whole number of minor units")
 		return
@@ -59,6 +70,7 @@ func (c *charges) create(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "invalid_currency", "currency must be a three-letter ISO 4217 code")
 		return
 	}
+	in.Currency = strings.ToLower(in.Currency)
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	ch := Charge{ID: "ch_" + hex.EncodeToString(b[:]), Amount: in.Amount, Currency: in.Currency, Status: "succeeded", Created: time.Now().Unix()}

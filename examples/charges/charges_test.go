@@ -38,13 +38,21 @@ func TestCreateValidatesAndReadsBack(t *testing.T) {
 		`{"amount":4500,"currency":"gbp"} trailing`:                     "invalid_json",
 		`{"amount":4500,"currency":"gbp"}{"amount":1,"currency":"gbp"}`: "invalid_json",
 		"{\"amount\":1,\"currency\":\"gb\xff\"}":                        "invalid_json",
+		// Lower-cased, the Kelvin sign is ASCII 'k': checked as written.
+		`{"amount":100,"currency":"\u212aRW"}`: "invalid_currency",
 	} {
 		w := do("POST", "/v1/charges", body)
 		require.Equal(t, 400, w.Code, body)
 		require.Contains(t, w.Body.String(), `"code":"`+code+`"`, body)
 	}
 
-	w := do("POST", "/v1/charges", `{"amount":4500,"currency":"GBP"}`)
+	// A well-formed body over the limit is told so, not called invalid.
+	big := `{"amount":4500,"currency":"gbp"}` + strings.Repeat(" ", maxChargeBody)
+	w := do("POST", "/v1/charges", big)
+	require.Equal(t, 413, w.Code)
+	require.Contains(t, w.Body.String(), `"code":"body_too_large"`)
+
+	w = do("POST", "/v1/charges", `{"amount":4500,"currency":"GBP"}`)
 	require.Equal(t, 201, w.Code)
 	var ch Charge
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &ch))
