@@ -7,6 +7,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
@@ -68,6 +69,25 @@ func NewMonitoring(scope constructs.Construct, id string, fns *Functions, api *A
 			DisplayName: jsii.String("Idempotency archive alarms"),
 			EnforceSSL:  jsii.Bool(true),
 		})
+		// EnforceSSL gives the topic a policy of its own, which replaces
+		// SNS's default one, the one that lets the account's alarms
+		// publish: CloudWatch publishes as its service principal, which
+		// needs an Allow, or every alarm action fails ("not authorized to
+		// perform: SNS:Publish") and no alarm reaches anyone. Only this
+		// account's alarms.
+		stack := awscdk.Stack_Of(c)
+		topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:        jsii.String("CloudWatchAlarmsPublish"),
+			Effect:     awsiam.Effect_ALLOW,
+			Principals: &[]awsiam.IPrincipal{awsiam.NewServicePrincipal(jsii.String("cloudwatch.amazonaws.com"), nil)},
+			Actions:    jsii.Strings("sns:Publish"),
+			Resources:  jsii.Strings(*topic.TopicArn()),
+			Conditions: &map[string]any{
+				"StringEquals": map[string]any{"aws:SourceAccount": stack.Account()},
+				"ArnLike": map[string]any{"aws:SourceArn": fmt.Sprintf("arn:%s:cloudwatch:%s:%s:alarm:*",
+					*stack.Partition(), *stack.Region(), *stack.Account())},
+			},
+		}))
 		if p.AlarmEmail != "" {
 			topic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(p.AlarmEmail), nil))
 		} else {

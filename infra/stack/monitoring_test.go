@@ -250,6 +250,27 @@ func TestAlarmTopics(t *testing.T) {
 	for id, a := range b.ofType("AWS::CloudWatch::Alarm") {
 		require.Equal(t, []any{map[string]any{"Ref": topicID}}, a.Properties["AlarmActions"], id)
 	}
+	// AND its policy (EnforceSSL's, which replaces SNS's default one) lets
+	// this account's CloudWatch alarms publish: without an Allow for the
+	// service, every alarm action fails and no alarm reaches anyone
+	b.template.HasResourceProperties(jsii.String("AWS::SNS::TopicPolicy"), map[string]any{
+		"Topics": []any{map[string]any{"Ref": topicID}},
+		"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{map[string]any{
+			"Sid": "CloudWatchAlarmsPublish", "Effect": "Allow", "Action": "sns:Publish",
+			"Principal": map[string]any{"Service": "cloudwatch.amazonaws.com"},
+			"Resource":  map[string]any{"Ref": topicID},
+			"Condition": map[string]any{
+				"StringEquals": map[string]any{"aws:SourceAccount": map[string]any{"Ref": "AWS::AccountId"}},
+				"ArnLike":      assertions.Match_ObjectLike(&map[string]any{"aws:SourceArn": assertions.Match_AnyValue()}),
+			},
+		}})},
+	})
+	// AND the SSL rule stays
+	b.template.HasResourceProperties(jsii.String("AWS::SNS::TopicPolicy"), map[string]any{
+		"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{
+			"Effect": "Deny", "Condition": map[string]any{"Bool": map[string]any{"aws:SecureTransport": "false"}},
+		})})},
+	})
 
 	// WHEN existing topics are given for pages and notices
 	pageArn := "arn:aws:sns:eu-west-1:123456789012:pager"
