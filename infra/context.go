@@ -64,6 +64,20 @@ func propsFromContext(get func(*string) any) (stack.Props, string, error) {
 		APIInvestigationRateLimit:    c.float("apiInvestigationRateLimit"),
 		APIInvestigationBurstLimit:   c.float("apiInvestigationBurstLimit"),
 	}
+	// A setting the chosen deployment does not use is refused, never
+	// deployed as if it were honoured.
+	switch {
+	case p.Aurora && c.given("instanceType"):
+		c.fail("instanceType", errors.New("is not used with aurora=true: an Aurora Serverless v2 cluster is sized by auroraMinCapacity and auroraMaxCapacity; leave it out"))
+	case p.Aurora && p.MultiAZ:
+		c.fail("multiAz", errors.New("is not used with aurora=true: the stack deploys one Aurora Serverless v2 writer and no reader; leave it out"))
+	case !p.Aurora && c.given("auroraMinCapacity"):
+		c.fail("auroraMinCapacity", errors.New("is used only with aurora=true; leave it out"))
+	case !p.Aurora && c.given("auroraMaxCapacity"):
+		c.fail("auroraMaxCapacity", errors.New("is used only with aurora=true; leave it out"))
+	case p.AlarmTopicArn != "" && p.AlarmEmail != "":
+		c.fail("alarmEmail", errors.New("is not subscribed with alarmTopicArn set (the stack creates no topic then): subscribe it to that topic, or leave alarmTopicArn out"))
+	}
 	// The CLI sets these from the credentials in use; make synth leaves the
 	// stack environment-agnostic.
 	if acct, region := os.Getenv("CDK_DEFAULT_ACCOUNT"), os.Getenv("CDK_DEFAULT_REGION"); acct != "" && region != "" {
@@ -216,6 +230,12 @@ func (c *contextReader) raw(name string) (string, bool) {
 		c.fail(name, fmt.Errorf("must be a string, a number or a boolean, got %T", v))
 		return "", false
 	}
+}
+
+// given reports whether the context sets name.
+func (c *contextReader) given(name string) bool {
+	_, ok := c.raw(name)
+	return ok
 }
 
 func (c *contextReader) fail(name string, err error) {

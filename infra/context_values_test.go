@@ -47,6 +47,13 @@ func TestEveryContextValueSetIsHonouredOrRefused(t *testing.T) {
 		{map[string]any{"instanceType": "db.t4g.small"}, `InstanceType must be an instance class without its db. prefix, such as t4g.small or r7g.large, got "db.t4g.small"`},
 		{map[string]any{"metricsNamespace": "Payments:prod"}, `MetricsNamespace "Payments:prod" holds a ':'`},
 		{map[string]any{"metricsNamespace": "Pay ments"}, "MetricsNamespace: CloudWatch namespace"},
+		// A setting the chosen deployment does not use is refused, not
+		// deployed as if honoured.
+		{map[string]any{"aurora": true, "multiAz": true}, "context multiAz: is not used with aurora=true"},
+		{map[string]any{"aurora": true, "instanceType": "r7g.large"}, "context instanceType: is not used with aurora=true"},
+		{map[string]any{"auroraMaxCapacity": float64(64)}, "context auroraMaxCapacity: is used only with aurora=true"},
+		{map[string]any{"aurora": "false", "auroraMinCapacity": float64(1)}, "context auroraMinCapacity: is used only with aurora=true"},
+		{map[string]any{"alarmTopicArn": "arn:aws:sns:eu-west-1:123456789012:page", "alarmEmail": "oncall@example.com"}, "context alarmEmail: is not subscribed with alarmTopicArn set"},
 	} {
 		ctx := map[string]any{"codeDir": code}
 		for k, v := range tc.context {
@@ -61,5 +68,8 @@ func TestEveryContextValueSetIsHonouredOrRefused(t *testing.T) {
 		"codeDir": code, "stackName": "Archive-Prod", "instanceType": "r7g.2xlarge", "metricsNamespace": "Payments/Archive",
 		"alarmTopicArn": "arn:aws:sns:eu-west-1:123456789012:page", "notifyTopicArn": "arn:aws-cn:sns:cn-north-1:123456789012:notify.fifo",
 		"archiveBytesPerRowBaseline": float64(300), "sweepBatchSize": float64(20000),
+	}))
+	require.NoError(t, run(t.TempDir(), map[string]any{
+		"codeDir": code, "aurora": true, "multiAz": false, "auroraMinCapacity": float64(1), "auroraMaxCapacity": float64(8), "alarmEmail": "oncall@example.com",
 	}))
 }

@@ -57,7 +57,7 @@ func TestNagPacksFindNothingUnsuppressed(t *testing.T) {
 		"localstack": func(p *Props) {
 			p.RotateMasterSecret, p.DeletionProtection, p.AlarmEmail = ptr(false), ptr(false), ""
 		},
-		"existing topic": func(p *Props) { p.AlarmTopicArn = "arn:aws:sns:eu-west-1:123456789012:pager" },
+		"existing topic": func(p *Props) { p.AlarmTopicArn, p.AlarmEmail = "arn:aws:sns:eu-west-1:123456789012:pager", "" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			// GIVEN the stack, WHEN the AwsSolutions and Serverless packs

@@ -105,7 +105,7 @@ type Props struct {
 	// creates (it must confirm the subscription).
 	AlarmEmail string
 	// AlarmTopicArn sends every alarm to an existing SNS topic instead of a
-	// topic the stack creates. AlarmEmail is then ignored.
+	// topic the stack creates. AlarmEmail must then be empty.
 	AlarmTopicArn string
 	// NotifyTopicArn receives the alarms that inform rather than page
 	// (expired replays, archive bytes per row, throttles). Default: the
@@ -127,7 +127,7 @@ type Props struct {
 	// stack is deleted). Default true.
 	DeletionProtection *bool
 	// MultiAZ adds a standby instance in another availability zone (twice
-	// the instance cost). Default false. Ignored with Aurora.
+	// the instance cost). Default false. Refused with Aurora.
 	MultiAZ bool
 	// Aurora deploys an Aurora PostgreSQL Serverless v2 cluster instead of an
 	// RDS instance, for archives that outgrow one instance's storage and I/O.
@@ -243,6 +243,14 @@ func (p Props) validate() error {
 		if _, err := os.Stat(zip); err != nil {
 			return fmt.Errorf("deployment package %s is missing (run make build): %w", zip, err)
 		}
+	}
+	// A setting the deployment would not use is refused, never deployed
+	// as if honoured.
+	if p.Aurora && p.MultiAZ {
+		return errors.New("MultiAZ is not used with Aurora (one Serverless v2 writer, no reader): leave it false")
+	}
+	if p.AlarmTopicArn != "" && p.AlarmEmail != "" {
+		return errors.New("AlarmEmail is not subscribed with AlarmTopicArn set (the stack creates no topic then): subscribe it to that topic, or leave AlarmTopicArn empty")
 	}
 	if p.SweepInterval%time.Minute != 0 || p.SweepInterval < 2*time.Minute || p.SweepInterval > time.Hour {
 		return fmt.Errorf("SweepInterval must be whole minutes from 2 to 60, got %s", p.SweepInterval)
