@@ -47,7 +47,8 @@ type Props struct {
 	PartitionRetentionMonths int
 	// SweepInterval is how often the sweeper runs, in whole minutes from 2
 	// to 60. Default 5 minutes. The sweeper's timeout is one minute less, so
-	// a run always ends before the next starts.
+	// a run that starts on time ends before the next starts (one delivered
+	// late runs beside it, which SKIP LOCKED makes safe).
 	SweepInterval time.Duration
 	// SweepBatchSize is the number of rows per sweep batch
 	// (SWEEP_BATCH_SIZE). Default 10000.
@@ -471,10 +472,12 @@ func (p Props) settingsEnv() map[string]string {
 	return env
 }
 
-// sweepTimeout is one minute less than the interval: a run always ends before
-// the next one starts, so runs never overlap (they would be safe, since
-// batches claim rows with SKIP LOCKED, but two sweepers only compete for the
-// same I/O). Lambda's limit is 15 minutes.
+// sweepTimeout is one minute less than the interval: a run that starts on
+// time ends before the next one starts, so scheduled runs do not overlap
+// (two sweepers only compete for the same I/O). A run delivered late (up to
+// an interval in EventBridge's retries and one in Lambda's queue) can run
+// beside the next, which is safe: batches claim rows with SKIP LOCKED.
+// Lambda's limit is 15 minutes.
 func (p Props) sweepTimeout() time.Duration {
 	return min(p.SweepInterval-time.Minute, 15*time.Minute)
 }
