@@ -128,6 +128,18 @@ BEGIN
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);
     END LOOP;
+    -- The trigger functions run as the owner and act on the schema of the
+    -- table that fired them: only the owner may attach them (migration 019;
+    -- again here, for those a later migration creates).
+    FOR func_sig IN
+        SELECT p.oid::regprocedure::text
+          FROM pg_proc p
+          JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = target_schema
+         WHERE p.prorettype = 'pg_catalog.trigger'::regtype
+           AND has_function_privilege('public', p.oid, 'EXECUTE')
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', func_sig);
+    END LOOP;
 
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer', target_schema);
 
