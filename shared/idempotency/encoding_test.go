@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -101,4 +103,58 @@ func TestABodyOverAnOuterLimitNamesThatLimit(t *testing.T) {
 	w := post(outer, "outer-limit", `{"amount":100}`)
 	require.Equal(t, http.StatusRequestEntityTooLarge, w.Code)
 	require.Contains(t, problemOf(t, w)["detail"], "larger than 10 bytes")
+}
+
+// A handler that panics after writing its gzip answer, before closing the
+// stream (no gzip trailer): the outcome kept (idempotency_response_incomplete)
+// still carries the resource id, read from what of the body decoded.
+func TestAGzipAnswerCutShortKeepsItsResourceID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusCreated)
+		gz := gzip.NewWriter(w)
+		_, _ = gz.Write([]byte(`{"id":"ch_cut"}`))
+		_ = gz.Flush()
+		panic("after the body")
+	})
+	srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+	require.Panics(t, func() { post(srv, "cut", `{}`) })
+	again := post(srv, "cut", `{}`)
+	require.Equal(t, http.StatusCreated, again.Code)
+	require.Equal(t, "ch_cut", problemOf(t, again)["resource_id"], again.Body.String())
+}
+
+// Content-Encoding as handlers may write it: in any case, as a list, on
+// two header lines, with identity beside gzip; and a gzip header on an
+// empty body (a 204), which is a plain empty body, not an error.
+func TestContentEncodingsAsHandlersWriteThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	for i, enc := range [][]string{{"GZIP"}, {" gzip "}, {"identity", "gzip"}, {"gzip, identity"}, {"x-gzip"}} {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["Content-Encoding"] = enc
+			w.WriteHeader(http.StatusCreated)
+			gz := gzip.NewWriter(w)
+			_, _ = gz.Write([]byte(`{"id":"ch_enc"}`))
+			_ = gz.Close()
+		})
+		srv := b.middleware(t, idempotency.Config{}).Wrap(h)
+		key := fmt.Sprintf("enc-%d", i)
+		post(srv, key, `{}`)
+		again := post(srv, key, `{}`)
+		require.Equal(t, `{"id":"ch_enc"}`, again.Body.String(), "%q", enc)
+	}
+
+	var logs bytes.Buffer
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusNoContent)
+	})
+	srv := b.middleware(t, idempotency.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Wrap(h)
+	require.Equal(t, http.StatusNoContent, post(srv, "empty", `{}`).Code)
+	require.Equal(t, http.StatusNoContent, post(srv, "empty", `{}`).Code)
+	require.NotContains(t, logs.String(), "kept encoded")
 }

@@ -759,11 +759,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // this fingerprint, so once one attempt has landed the next finds none
 // (ErrNotInFlight), and stops.
 func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []byte, reg Entry, rec *recorder) {
-	body, err := rec.decoded()
+	body, readable, err := rec.decoded()
 	if err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: the handler's answer is kept encoded: replays send it without its Content-Encoding (compress outside the middleware)", "key", scoped, "error", err)
 	}
-	c := Completion{Fingerprint: fp, Token: token, Status: rec.status, Body: body, ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(body, m.path),
+	c := Completion{Fingerprint: fp, Token: token, Status: rec.status, Body: body, ContentType: storableContentType(rec.header.Get("Content-Type")), ResourceID: resourceID(readable, m.path),
 		CreatedAt: reg.CreatedAt, ExpiresAt: reg.ExpiresAt}
 	if rec.resourceID != nil {
 		c.ResourceID = *rec.resourceID
@@ -1187,8 +1187,8 @@ func (r *recorder) WriteHeader(status int) {
 // replay would present half a JSON document as the answer). The replay's
 // body is a problem that says what happened.
 func (r *recorder) cutShort(path []string) *recorder {
-	body, _ := r.decoded()
-	rid := resourceID(body, path)
+	_, readable, _ := r.decoded()
+	rid := resourceID(readable, path)
 	out := &recorder{header: http.Header{}, status: r.status, wroteHeader: true, resourceID: &rid}
 	p := problem.New(r.status, "idempotency_response_incomplete",
 		fmt.Sprintf("the request was processed (status %d) but its response was cut short by a server error; it is not run again", r.status))
@@ -1204,34 +1204,45 @@ func (r *recorder) cutShort(path []string) *recorder {
 // maxDecodedBody bounds the body a gzip-encoded answer is stored as.
 const maxDecodedBody = 16 << 20
 
-// decoded returns the handler's body as the outcome is stored and replayed:
-// without a Content-Encoding, which a stored outcome does not keep (it keeps
-// the body and its Content-Type). A gzip body is stored decoded, and its
-// replays are sent plain; a body in another encoding, or one that does not
-// decode, is returned as written, with an error saying why. The handler
+// decoded returns the handler's body as the outcome is stored and replayed
+// (stored), and as far as it could be read (readable, which the resource id
+// is read from): without a Content-Encoding, which a stored outcome does not
+// keep (it keeps the body and its Content-Type). A gzip body is stored
+// decoded, and its replays are sent plain; a body in another encoding, or
+// one that does not decode whole, is stored as written, with an error
+// saying why (what of it decoded is still readable: a handler cut short
+// before it closed its gzip stream wrote its resource id all the same). An
+// empty body, or a Content-Encoding of identity alone, is plain. The handler
 // gets the request without its Accept-Encoding (withoutAcceptEncoding), so
 // one that compresses only what a client accepts never gets here.
-func (r *recorder) decoded() ([]byte, error) {
+func (r *recorder) decoded() (stored, readable []byte, err error) {
 	raw := r.body.Bytes()
-	switch enc := strings.ToLower(strings.TrimSpace(r.header.Get("Content-Encoding"))); enc {
-	case "", "identity":
-		return raw, nil
-	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(bytes.NewReader(raw))
-		if err != nil {
-			return raw, fmt.Errorf("a gzip body that does not decode: %w", err)
+	var codings []string
+	for _, v := range r.header.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				codings = append(codings, c)
+			}
 		}
-		b, err := io.ReadAll(io.LimitReader(zr, maxDecodedBody+1))
-		switch {
-		case err != nil:
-			return raw, fmt.Errorf("a gzip body that does not decode: %w", err)
-		case len(b) > maxDecodedBody:
-			return raw, fmt.Errorf("a gzip body of more than %d bytes decoded", maxDecodedBody)
-		}
-		return b, nil
-	default:
-		return raw, fmt.Errorf("a Content-Encoding of %q, which is stored as written", enc)
 	}
+	switch {
+	case len(codings) == 0 || len(raw) == 0:
+		return raw, raw, nil
+	case len(codings) > 1 || (codings[0] != "gzip" && codings[0] != "x-gzip"):
+		return raw, raw, fmt.Errorf("a Content-Encoding of %q, which is stored as written", strings.Join(codings, ", "))
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return raw, raw, fmt.Errorf("a gzip body that does not decode: %w", err)
+	}
+	b, err := io.ReadAll(io.LimitReader(zr, maxDecodedBody+1))
+	switch {
+	case err != nil:
+		return raw, b, fmt.Errorf("a gzip body that does not decode whole: %w", err)
+	case len(b) > maxDecodedBody:
+		return raw, raw, fmt.Errorf("a gzip body of more than %d bytes decoded", maxDecodedBody)
+	}
+	return b, b, nil
 }
 
 // withoutAcceptEncoding returns r without its Accept-Encoding header (on a
