@@ -2,6 +2,7 @@ package livestore
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -251,4 +252,56 @@ func TestADryRunCountsAnOutcomeKeptTwiceAsTheRunDoes(t *testing.T) {
 	require.EqualValues(t, 1, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", key))
 	require.Positive(t, s.client.PTTL(ctx, s.prefix+key).Val(), "the copy under its key's name has its expiry")
 	require.Positive(t, s.client.PTTL(ctx, s.aside(key)).Val(), "and the one aside")
+}
+
+// An outcome kept twice whose expiry the request's own later attempt gives
+// back between the scan and the run's processing: one outcome, counted
+// once (as the dry run before it counted it).
+func TestAnOutcomeKeptTwiceGivenBackMeanwhileCountsOnce(t *testing.T) {
+	t.Parallel()
+	s, db := newRedisStore(t)
+	ctx := context.Background()
+	const key = "idem:v1:twin-meanwhile"
+	_, c, up := keptAside(t, s, db, key)
+	require.ErrorContains(t, s.Complete(ctx, key, c), "kept in Redis")
+	up()
+	fail := func(k string, err error) { t.Errorf("%q: %v", k, err) }
+	dry, err := s.Reconcile(ctx, true, fail)
+	require.NoError(t, err)
+	require.Equal(t, ReconcileResult{Scanned: 2, Kept: 1, Archived: 1}, dry)
+	either := func(cmd redis.Cmder) bool {
+		a := cmd.Args()
+		return cmd.Name() == "hgetall" && len(a) == 2 && (a[1] == s.prefix+key || a[1] == s.aside(key))
+	}
+	r := hookedStore(t, s, db, &afterCommand{match: either, fn: func() {
+		// The request's later attempt, the archive back: it archives the
+		// outcome and gives both copies their expiry (its own entry is no
+		// longer in flight, which it says).
+		_ = s.Complete(context.Background(), key, c)
+	}})
+	run, err := r.Reconcile(ctx, false, fail)
+	require.NoError(t, err)
+	noHashWithoutExpiry(t, s, key)
+	require.Equal(t, ReconcileResult{Scanned: 2, Kept: 1, Already: 1}, run, "one outcome kept twice")
+}
+
+// An outcome kept twice that the run cannot archive (the archive still
+// down): counted once, kept and failed, in a dry run as in the run, and
+// both copies are named.
+func TestAnOutcomeKeptTwiceThatCannotBeArchivedCountsOnce(t *testing.T) {
+	t.Parallel()
+	s, db := newRedisStore(t)
+	ctx := context.Background()
+	const key = "idem:v1:twin-failing"
+	_, c, _ := keptAside(t, s, db, key)
+	require.ErrorContains(t, s.Complete(ctx, key, c), "kept in Redis")
+	var reports []string
+	rep := func(k string, err error) { reports = append(reports, fmt.Sprintf("%q: %v", k, err)) }
+	dry, err := s.Reconcile(ctx, true, rep)
+	require.NoError(t, err)
+	run, err := s.Reconcile(ctx, false, rep)
+	require.NoError(t, err)
+	require.Equal(t, dry, run)
+	require.Equal(t, ReconcileResult{Scanned: 2, Kept: 1, Failed: 1}, run, "one outcome kept twice")
+	require.Len(t, reports, 3, "the dry run names the first copy, the run both: %v", reports)
 }

@@ -23,7 +23,9 @@ type ReconcileResult struct {
 	// archive row could not be written at completion. An outcome kept
 	// twice, aside and under its key's own name (a later attempt of its
 	// request wrote it back while the archive was down), counts once, as
-	// the run gives both copies their expiry in one step.
+	// the run gives both copies their expiry in one step (and is counted by
+	// the first copy the run comes to; a second that fails is reported
+	// all the same).
 	Kept int `json:"kept"`
 	// Archived counts those now archived and given their expiry back (in a
 	// dry run, those that would be).
@@ -96,7 +98,7 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 	pattern := escapeGlob(s.prefix) + "*"
 	// seen holds the kept hashes this run came to (SCAN may return a key
 	// twice while Redis resizes its table), counted holds the outcomes
-	// (key and registration) this run archived or, in a dry run, would:
+	// (key and registration) this run came to, whatever it did for them:
 	// an outcome can be kept twice, aside and under its key's own name
 	// (a later attempt of its request wrote it back while the archive was
 	// still down), and the run gives both their expiry in one step. The
@@ -147,19 +149,26 @@ func (s *Redis) Reconcile(ctx context.Context, dryRun bool, report func(key stri
 				continue // the run gives it its expiry with the first copy
 			}
 			expired, err := s.reconcileOne(ctx, hashKey, h, dryRun)
+			if h["key"] != "" {
+				counted[outcome] = true
+			}
 			switch {
 			case err != nil:
-				res.Kept++
-				res.Failed++
+				// Named whatever its twin did; counted once with it.
 				report(hashKey, err)
+				if !twin {
+					res.Kept++
+					res.Failed++
+				}
+			case expired && twin:
+				// Given its expiry here, not with the first copy (it
+				// changed in between): what the run did for it is told by
+				// the first copy's count.
 			case expired:
-				// A twin given its expiry here, not with the first copy
-				// (it changed in between), is an outcome of its own.
 				res.Kept++
-				counted[outcome] = true
 				res.Archived++
 			case twin:
-				// Given its expiry with the first copy: counted with it.
+				// Given its expiry with the first copy, or before.
 			default:
 				res.Kept++
 				res.Already++
