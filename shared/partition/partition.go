@@ -1836,7 +1836,10 @@ func Detached(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	}
 	var names []string
 	for _, o := range orphans {
-		if o.shaped {
+		// As a run reads them: a name that is no month (month 13, year
+		// 0000) is left alone by every run, so it is not listed.
+		month, err := time.Parse("2006_01", strings.TrimPrefix(o.name, ArchiveTable+"_"))
+		if o.shaped && err == nil && month.Year() >= 1 {
 			names = append(names, o.name)
 		}
 	}

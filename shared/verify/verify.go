@@ -163,7 +163,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	for _, name := range detached {
 		// A month detached entirely: its rows are as invisible as a
 		// detach-pending month's.
-		advice = append(advice, fmt.Sprintf("%s is detached (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and drops it outside it", name))
+		advice = append(advice, fmt.Sprintf("%s is detached (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and drops it outside it, or says why it cannot", name))
 	}
 	switch {
 	case endless:

@@ -131,7 +131,8 @@ func TestADetachPendingOlderMonthFails(t *testing.T) {
 // before the retention was lengthened) hides its rows as a detach-pending
 // one does: the partitions check fails and names it, until a run attaches
 // it again. A table of the name without the archive's columns is another
-// table, not a month.
+// table, and one named for no month (2026_13) is none that a run attaches:
+// neither is listed.
 func TestAMonthDetachedEntirelyFails(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
@@ -142,12 +143,13 @@ func TestAMonthDetachedEntirelyFails(t *testing.T) {
 	require.NoError(t, err)
 	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "idem:v1:june", Status: 201, ExpiredAt: time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)})
 	_, err = db.Pool.Exec(ctx, `ALTER TABLE idempotency_key_archive DETACH PARTITION idempotency_key_archive_2026_06;
-		CREATE TABLE idempotency_key_archive_2025_01 (note text)`)
+		CREATE TABLE idempotency_key_archive_2025_01 (note text);
+		CREATE TABLE idempotency_key_archive_2026_13 (LIKE idempotency_key_archive)`)
 	require.NoError(t, err)
 
 	c := partitionsCheck(t, db)
 	require.False(t, c.Pass)
-	require.Equal(t, "newest partition ends 2027-04-01 (120 days ahead); idempotency_key_archive_2026_06 is detached (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and drops it outside it", c.Figure)
+	require.Equal(t, "newest partition ends 2027-04-01 (120 days ahead); idempotency_key_archive_2026_06 is detached (its rows are invisible): run archivectl partitions, which attaches it again inside the retention and drops it outside it, or says why it cannot", c.Figure)
 
 	_, err = db.Pool.Exec(ctx, `DROP TABLE idempotency_key_archive_2025_01`) // a run fails on it until it is renamed
 	require.NoError(t, err)
