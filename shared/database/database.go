@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -147,7 +148,7 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 	}
 	mode, modeSet := execModes[strings.ToLower(c.ExecMode)]
 	if c.ExecMode != "" && !modeSet {
-		return nil, named, configError("ExecMode", "unknown statement execution mode %q (want cache_statement, cache_describe, describe_exec, exec or simple_protocol)", c.ExecMode)
+		return nil, named, configError("ExecMode", "unknown statement execution mode %s (want cache_statement, cache_describe, describe_exec, exec or simple_protocol)", shownWord(c.ExecMode))
 	}
 	var err error
 	if named, err = namedSettings(c.URL); err != nil {
@@ -171,6 +172,11 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
+		if named.keys["sslrootcert"] {
+			// pgx reads the bundle while it parses; its error names the
+			// file, and the string may hold a password.
+			return nil, named, configError("URL", "database URL is not a valid PostgreSQL connection string, or its sslrootcert names no readable PEM CA bundle")
+		}
 		return nil, named, configError("URL", "database URL is not a valid PostgreSQL connection string")
 	}
 	cc := cfg.ConnConfig
@@ -286,13 +292,37 @@ func CheckRootCert(path string) error {
 func rootCerts(path string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("database CA bundle: %w", err)
+		var pathErr *fs.PathError
+		if errors.As(err, &pathErr) {
+			err = pathErr.Err // named below, as shownPath allows
+		}
+		return nil, fmt.Errorf("database CA bundle %s: %w", shownPath(path), err)
 	}
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("database CA bundle %s holds no PEM certificate", path)
+		return nil, fmt.Errorf("database CA bundle %s holds no PEM certificate", shownPath(path))
 	}
 	return roots, nil
+}
+
+// shownWord quotes v for an error when it is a word, as a mode's name is;
+// anything else (a connection string pasted into the wrong variable) is
+// not shown, as it may hold a password.
+func shownWord(v string) string {
+	if len(v) <= 32 && strings.Trim(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") == "" {
+		return strconv.Quote(v)
+	}
+	return "(the value is not shown: it is not a mode's name, and may be a connection string)"
+}
+
+// shownPath quotes a file path for an error unless it looks like a
+// connection string (a URL, key=value settings, user@host), which may
+// hold a password.
+func shownPath(path string) string {
+	if strings.Contains(path, "://") || strings.ContainsAny(path, "=@") {
+		return "(path not shown: it looks like a connection string)"
+	}
+	return strconv.Quote(path)
 }
 
 // verifyFull makes every attempt of cc verify the server's certificate

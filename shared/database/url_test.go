@@ -271,3 +271,29 @@ func TestAConnectionStringOfAnotherDialectIsRefusedWithoutAWordOfIt(t *testing.T
 	require.Equal(t, "5", cfg.ConnConfig.RuntimeParams["myapp.cost$limit"], "PostgreSQL takes '$' in a setting's name")
 	require.Equal(t, "1", cfg.ConnConfig.RuntimeParams["app.größe"], "and letters of any script")
 }
+
+// A connection string pasted into another variable is not echoed by its
+// error (the init line of a function redacts it, a library caller's may
+// not): an exec mode that is not a word, a CA bundle path that looks like
+// a connection string. A word, or a path, is still quoted; and a URL whose
+// sslrootcert names no bundle is told so, naming no path.
+func TestConfigErrorsDoNotEchoAConnectionString(t *testing.T) {
+	t.Parallel()
+	const secret = "Zq7SecretXyz"
+	for field, c := range map[string]database.Config{
+		"ExecMode":    {URL: "postgres://u@localhost/app", ExecMode: "host=db user=app password=" + secret},
+		"SSLRootCert": {URL: "postgres://u@localhost/app", SSLRootCert: "postgres://app:" + secret + "@db.example.com/app"},
+	} {
+		_, err := c.PoolConfig()
+		var ce *database.ConfigError
+		require.True(t, errors.As(err, &ce), "%s: %v", field, err)
+		require.Equal(t, field, ce.Field)
+		require.NotContains(t, err.Error(), secret, field)
+	}
+	_, err := database.Config{URL: "postgres://u@localhost/app", ExecMode: "turbo"}.PoolConfig()
+	require.ErrorContains(t, err, `unknown statement execution mode "turbo"`)
+	_, err = database.Config{URL: "postgres://u@localhost/app", SSLRootCert: "/nonexistent/ca.pem"}.PoolConfig()
+	require.ErrorContains(t, err, `database CA bundle "/nonexistent/ca.pem": no such file or directory`)
+	_, err = database.Config{URL: "postgres://u@localhost/app?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"}.PoolConfig()
+	require.ErrorContains(t, err, "its sslrootcert names no readable PEM CA bundle")
+}
