@@ -140,6 +140,18 @@ BEGIN
     LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', func_sig);
     END LOOP;
+    -- The functions that run as the owner search pg_temp last (migration
+    -- 020; again here, for those a later migration creates): a search_path
+    -- that does not name it searches it first for types and tables.
+    FOR func_sig IN
+        SELECT p.oid::regprocedure::text
+          FROM pg_proc p
+          JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = target_schema
+         WHERE p.prosecdef
+           AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', func_sig);
+    END LOOP;
 
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO idempotency_owner, idempotency_sweeper, idempotency_reader, idempotency_writer', target_schema);
 
