@@ -123,7 +123,8 @@ BEGIN
                              'idempotency_index_updated_plain_key', 'idempotency_archive_root_triggered',
                              'idempotency_archive_adopt_root', 'idempotency_archive_recording_trigger',
                              'idempotency_archive_vouch_triggers', 'idempotency_archive_vouch_partition_triggers',
-                             'idempotency_archive_mark_moved_rows', 'idempotency_archive_vouch_new_clones')
+                             'idempotency_archive_mark_moved_rows', 'idempotency_archive_vouch_new_clones',
+                             'idempotency_writers_only_grow')
            AND p.proowner <> 'idempotency_owner'::regrole
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO idempotency_owner', func_sig);

@@ -28,6 +28,7 @@ BEGIN
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = pg_catalog.current_schema()
            AND p.prorettype = 'pg_catalog.trigger'::regtype
+           AND pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;

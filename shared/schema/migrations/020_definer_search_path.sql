@@ -22,6 +22,7 @@ BEGIN
           FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = pg_catalog.current_schema() AND p.prosecdef
+           AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', f);
     END LOOP;
