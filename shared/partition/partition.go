@@ -779,8 +779,8 @@ func (m *Manager) plan(tbl table, parts []Partition, orphans []orphan, createNow
 	// attached again with their rows.
 	for _, o := range orphans {
 		name := o.name
-		month, err := time.Parse("2006_01", strings.TrimPrefix(name, ArchiveTable+"_"))
-		if err != nil || month.Year() < 1 {
+		month, ok := o.month()
+		if !ok {
 			continue // not a month: PostgreSQL has no year 0
 		}
 		if !o.shaped {
@@ -1689,6 +1689,13 @@ type orphan struct {
 	shaped bool
 }
 
+// month returns the month o is named for, false for a name that is no
+// month (month 13; year 0000, as PostgreSQL has no year 0).
+func (o orphan) month() (time.Time, bool) {
+	month, err := time.Parse("2006_01", strings.TrimPrefix(o.name, ArchiveTable+"_"))
+	return month, err == nil && month.Year() >= 1
+}
+
 func listOrphans(ctx context.Context, conn *pgx.Conn, tbl table) ([]orphan, error) {
 	rows, err := conn.Query(ctx, orphansSQL, tbl.schema)
 	if err != nil {
@@ -1838,8 +1845,7 @@ func Detached(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	for _, o := range orphans {
 		// As a run reads them: a name that is no month (month 13, year
 		// 0000) is left alone by every run, so it is not listed.
-		month, err := time.Parse("2006_01", strings.TrimPrefix(o.name, ArchiveTable+"_"))
-		if o.shaped && err == nil && month.Year() >= 1 {
+		if _, ok := o.month(); ok && o.shaped {
 			names = append(names, o.name)
 		}
 	}
