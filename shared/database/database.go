@@ -188,6 +188,14 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 			return nil, named, &ConfigError{Field: "URL", Msg: errAmbiguousURL.Error()}
 		}
 	}
+	// pgx names the user in every connect error ("failed to connect to
+	// `user=...`"), so a password encoded together with the user name (a
+	// templated urlencode(user + ":" + password), or user=app:pw) would be
+	// printed by the first one. No user name this project's roles take holds
+	// a ':'.
+	if strings.ContainsRune(cc.User, ':') {
+		return nil, named, configError("URL", "database user name holds ':' (a password encoded together with it?): give user and password apart, user:password@host, each percent-encoded on its own; the value is not shown")
+	}
 	// The pool's size is MaxConns (DATABASE_MAX_CONNS), which would
 	// silently override a size in the URL. Asked of the parser (pgxpool
 	// takes the setting out of what it returns), so that an encoded name

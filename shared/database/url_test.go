@@ -297,3 +297,28 @@ func TestConfigErrorsDoNotEchoAConnectionString(t *testing.T) {
 	_, err = database.Config{URL: "postgres://u@localhost/app?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"}.PoolConfig()
 	require.ErrorContains(t, err, "its sslrootcert names no readable PEM CA bundle")
 }
+
+// pgx names the user in every connect error, so a password encoded together
+// with the user name (its ':' percent-encoded too, or user=app:pw) would be
+// printed by the first failed connection. Such a string is refused before
+// any, without a word of it.
+func TestAPasswordFoldedIntoTheUserNameIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"postgres://app%3As3cretpw@10.0.0.5:5432/db?sslmode=verify-full",
+		"host=10.0.0.5 port=5432 user=app:s3cretpw sslmode=verify-full",
+		"host=10.0.0.5 user='app:s3cretpw' password=x sslmode=verify-full",
+	} {
+		_, err := database.Config{URL: u}.PoolConfig()
+		require.Error(t, err, u)
+		require.ErrorContains(t, err, "user name holds ':'", u)
+		require.NotContains(t, err.Error(), "s3cretpw", u)
+		var ce *database.ConfigError
+		require.True(t, errors.As(err, &ce), u)
+		require.Equal(t, "URL", ce.Field)
+	}
+	cfg, err := database.Config{URL: "postgres://app:s3cret%3Apw@10.0.0.5:5432/db?sslmode=verify-full"}.PoolConfig()
+	require.NoError(t, err, "a ':' in the password alone is fine")
+	require.Equal(t, "app", cfg.ConnConfig.User)
+	require.Equal(t, "s3cret:pw", cfg.ConnConfig.Password)
+}
