@@ -136,3 +136,22 @@ func TestAFlagGivenTwiceIsRefused(t *testing.T) {
 	require.Contains(t, r.stderr, "-retention-months months")
 	require.NotContains(t, r.stderr, "panic")
 }
+
+// A value that looks like --emit-metrics, given as the refusal of one given
+// apart advises (--name=value), is the value the line's writer meant; given
+// apart, it is still refused.
+func TestAnEmitMetricsLikeValueGivenInlineIsTaken(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	from, to := time.Now().Add(-48*time.Hour).UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339)
+	r := cli(t, db, nil, "query", "--scope-prefix=-emit-metrics", "--created-from", from, "--created-to", to)
+	t.Logf("exit %d: %s", r.code, r.stderr)
+	require.Equal(t, exitOK, r.code, "a flag given as --name=value took nothing for its value: %s", r.stderr)
+
+	r = cli(t, db, nil, "query", "--scope-prefix", "-emit-metrics", "--created-from", from, "--created-to", to)
+	require.Equal(t, exitError, r.code, r.stderr)
+	require.Contains(t, r.stderr, `--scope-prefix took "-emit-metrics" for its value`)
+	r = cli(t, db, nil, "query", "--created-from", from, "--created-to", to, "--", "--scope-prefix=-emit-metrics")
+	require.NotEqual(t, exitOK, r.code, "after --, a flag-like word is an argument, not an inline flag: %s", r.stderr)
+}

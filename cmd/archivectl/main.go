@@ -283,10 +283,8 @@ func cmdPartitions(ctx context.Context, e *env, pool *pgxpool.Pool, args []strin
 	if runErr != nil && len(res.Statements) == 0 && len(res.Failed) == 0 && len(res.Refused) == 0 {
 		return runErr // nothing ran: the error says it all
 	}
-	if err := e.printJSON(res); err != nil {
-		return err
-	}
-	return runErr
+	// A summary that could not be written does not hide why the run failed.
+	return errors.Join(runErr, e.printJSON(res))
 }
 
 func cmdSweep(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {
@@ -478,7 +476,12 @@ func cmdRedisReconcile(ctx context.Context, e *env, pool *pgxpool.Pool, args []s
 		return err
 	}
 	source := "--redis-url"
-	if *url == "" {
+	switch {
+	case given(fs, "redis-url") && *url == "":
+		// An unset shell variable (--redis-url="$STAGING_REDIS"): run
+		// against REDIS_URL's server instead, the operator did not name.
+		return errors.New("--redis-url is empty: give a URL, or leave the flag out to use REDIS_URL")
+	case *url == "":
 		source, *url = "REDIS_URL", e.getenv("REDIS_URL")
 	}
 	if *url == "" {
@@ -631,6 +634,7 @@ func newFlagSet(name string, e *env) *flag.FlagSet {
 func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) {
 	twice := refuseRepeats(fs)
 	defer unwrapRepeats(fs)
+	inline := inlineFlags(args)
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -668,7 +672,7 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 	var took error
 	fs.Visit(func(f *flag.Flag) {
 		v := f.Value.String()
-		if name := strings.TrimLeft(v, "-"); took == nil && name != v && (name == "emit-metrics" || strings.HasPrefix(name, "emit-metrics=")) {
+		if name := strings.TrimLeft(v, "-"); took == nil && !inline[f.Name] && name != v && (name == "emit-metrics" || strings.HasPrefix(name, "emit-metrics=")) {
 			took = fmt.Errorf("--%s took %q for its value: give each flag its value (--name=value)", f.Name, v)
 		}
 	})
@@ -685,6 +689,28 @@ func parse(e *env, fs *flag.FlagSet, args []string, nPos int) ([]string, error) 
 		return nil, fmt.Errorf("want %d argument(s), got %d: %s", nPos, len(pos), settings.Redact(fmt.Sprintf("%q", pos)))
 	}
 	return pos, nil
+}
+
+// inlineFlags names the flags args gives as -name=value or --name=value,
+// before any "--" that ends the flags: their values are what the line's
+// writer meant, whatever they look like.
+func inlineFlags(args []string) map[string]bool {
+	inline := map[string]bool{}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		name, _, ok := strings.Cut(a, "=")
+		if !ok || !strings.HasPrefix(name, "-") {
+			continue
+		}
+		name = strings.TrimPrefix(name, "-")
+		name = strings.TrimPrefix(name, "-")
+		if name != "" && !strings.HasPrefix(name, "-") {
+			inline[name] = true
+		}
+	}
+	return inline
 }
 
 // onceValue wraps a flag's Value to refuse a second Set: the flag package
@@ -871,7 +897,10 @@ func (e *env) printJSON(v any) error {
 	enc := json.NewEncoder(e.stdout)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write the output: %w", err)
+	}
+	return nil
 }
 
 // oneLine keeps an error message on one line, so that errors never look like

@@ -133,7 +133,8 @@ PASS  all_good" PARTITION OF idempotency_key_archive FOR VALUES FROM ('2001-01-1
 // included: "--prefix --emit-metrics --dry-run" would reconcile under the
 // prefix "--emit-metrics" (or, --emit-metrics taken out first, "--dry-run",
 // for real), "--prefix -- --emit-metrics" under "--". Such a line is
-// refused, in every spelling; --emit-metrics is every command's flag
+// refused, in every spelling (but a value given inline, --name=value, is
+// the value its writer meant); --emit-metrics is every command's flag
 // wherever it stands among the flags, and its help names it.
 func TestEmitMetricsTakenForAnotherFlagsValueIsRefused(t *testing.T) {
 	t.Parallel()
@@ -145,7 +146,6 @@ func TestEmitMetricsTakenForAnotherFlagsValueIsRefused(t *testing.T) {
 		{[]string{"redis-reconcile", "--prefix", "--emit-metrics", "--dry-run"}, `--prefix took "--emit-metrics" for its value`},
 		{[]string{"redis-reconcile", "--prefix", "--emit-metrics=false", "--dry-run"}, `--prefix took "--emit-metrics=false" for its value`},
 		{[]string{"lookup", "--fingerprint", "-emit-metrics", "k"}, `--fingerprint took "-emit-metrics" for its value`},
-		{[]string{"lookup", "--fingerprint=--emit-metrics", "k"}, `--fingerprint took "--emit-metrics" for its value`},
 		{[]string{"query", "--scope-prefix", "--emit-metrics"}, `--scope-prefix took "--emit-metrics" for its value`},
 		{[]string{"redis-reconcile", "--prefix", "--", "--emit-metrics"}, `a flag took "--" or --emit-metrics for its value`},
 	} {
@@ -159,6 +159,7 @@ func TestEmitMetricsTakenForAnotherFlagsValueIsRefused(t *testing.T) {
 		{"verify", "--recent", "1h", "-emit-metrics"},
 		{"redis-reconcile", "--prefix=app:", "--emit-metrics", "--dry-run"},
 		{"lookup", "--emit-metrics", "--", "--emit-metrics"},
+		{"lookup", "--fingerprint=--emit-metrics", "k"},
 	} {
 		// The run goes on, to the missing DATABASE_URL.
 		requireOneLineError(t, cli(t, nil, noDB, args...), "DATABASE_URL")
@@ -183,4 +184,36 @@ DROP TABLE idempotency_keys; --" PARTITION OF idempotency_key_archive FOR VALUES
 	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
 		require.False(t, strings.HasPrefix(line, "DROP TABLE idempotency_keys"), "a line of its own: %q", line)
 	}
+}
+
+// A partitions run with a failed step, whose summary cannot be written
+// (stdout a full disk or a closed pipe), reports both: the one line an
+// operator or a cron mail gets says why the run failed, not only that its
+// output did.
+func TestAFailedPartitionsRunWhoseSummaryCannotBeWrittenStillSaysWhy(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, "CREATE TABLE archive_catchall PARTITION OF idempotency_key_archive DEFAULT")
+	require.NoError(t, err)
+	next := partition.MonthStart(time.Now()).AddDate(0, 5, 0)
+	dbtest.InsertArchive(t, db.Pool, dbtest.ArchiveRow{Key: "in default", Status: 201, ExpiredAt: next.Add(time.Hour)})
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return db.URL
+		}
+		return ""
+	}
+	// With a writable stdout the error line names the failure.
+	r := cli(t, db, nil, "partitions", "--lead-months", "5")
+	require.Equal(t, exitError, r.code)
+	require.Contains(t, r.stderr, "the DEFAULT partition archive_catchall holds rows of this month")
+
+	var errb strings.Builder
+	code := run(ctx, []string{"partitions", "--lead-months", "5"}, fullDisk{}, &errb, getenv)
+	t.Logf("exit %d: %s", code, errb.String())
+	require.Equal(t, exitError, code)
+	require.Contains(t, errb.String(), "no space left on device")
+	require.Contains(t, errb.String(), "the DEFAULT partition archive_catchall holds rows of this month", "the run's failure is not reported")
 }

@@ -232,3 +232,31 @@ func TestRedisReconcileRefusesAURLWithAHash(t *testing.T) {
 	require.NotContains(t, r.stderr, "1234")
 	require.NotContains(t, r.stderr, "secret")
 }
+
+// --redis-url given with an empty value (an unset shell variable:
+// --redis-url="$STAGING_REDIS") is refused, not replaced by REDIS_URL: the
+// run would write archive rows and give back expiries on a server the
+// operator did not name.
+func TestAnEmptyRedisURLFlagIsRefused(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	recordRedisLease(t, db)
+	client, prefix := testenv.Redis(t)
+	keepHash(t, client, prefix, "idem:v1:elsewhere")
+	env := map[string]string{"REDIS_URL": os.Getenv("REDIS_URL")}
+
+	for _, args := range [][]string{
+		{"redis-reconcile", "--redis-url=", "--prefix", prefix},
+		{"redis-reconcile", "--redis-url", "", "--prefix", prefix},
+	} {
+		r := cli(t, db, env, args...)
+		t.Logf("%q -> exit %d\nstdout: %s\nstderr: %s", args, r.code, r.stdout, r.stderr)
+		require.Equal(t, exitError, r.code, "%q ran against REDIS_URL", args)
+		require.Empty(t, r.stdout, "%q: nothing should have run", args)
+		require.Contains(t, r.stderr, "--redis-url is empty")
+	}
+	// What the run did on the server REDIS_URL names.
+	require.EqualValues(t, 0, dbtest.Count(t, db.Pool, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:elsewhere'"), "archived from REDIS_URL's server")
+	require.Equal(t, int64(-1), int64(client.PTTL(context.Background(), prefix+"idem:v1:elsewhere").Val()), "the hash on REDIS_URL's server was given an expiry")
+}
