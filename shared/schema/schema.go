@@ -226,24 +226,28 @@ func migrateTo(ctx context.Context, conn *pgx.Conn, logger *slog.Logger, target 
 		res.ToVersion = res.FromVersion
 		return res, fmt.Errorf("%w: it is at version %d, this code knows versions up to %d", ErrSchemaAhead, res.FromVersion, latest)
 	}
-	m.OnStart = func(seq int32, name, _, _ string) {
-		logger.InfoContext(ctx, "applying migration", "version", seq, "name", name, "schema", schemaName)
-		// tern runs RESET ALL after each migration, which would lift the
-		// bound for the ones after it: set it again for each, inside its
-		// transaction (a failure here fails the migration's SQL after it).
-		_, _ = conn.Exec(ctx, setLockTimeoutSQL, lockTimeout)
-	}
-	restore, err := boundLockWaits(ctx, conn)
+	pinned, restore, err := pinSession(ctx, conn)
 	if err != nil {
 		return res, err
 	}
 	defer restore()
+	m.OnStart = func(seq int32, name, _, _ string) {
+		logger.InfoContext(ctx, "applying migration", "version", seq, "name", name, "schema", schemaName)
+		// tern runs RESET ALL after each migration, which puts back the
+		// connection's startup settings: set them again for each, inside
+		// its transaction (a failure here fails the migration's SQL after
+		// it).
+		pinned.apply(ctx, conn)
+	}
 	err = patiently(ctx, func() error {
 		if target < 0 {
 			return m.Migrate(ctx)
 		}
 		return m.MigrateTo(ctx, target)
 	})
+	// The last migration's RESET ALL: the grants below act on the
+	// search_path's schema.
+	pinned.apply(ctx, conn)
 	if err != nil {
 		return res, fmt.Errorf("apply migrations: %w", err)
 	}
@@ -276,26 +280,46 @@ const (
 	lockPatience = 2 * time.Minute
 )
 
-// lockTimeout is lockWait as a lock_timeout setting, and setLockTimeoutSQL
-// sets it for the session.
+// lockTimeout is lockWait as a lock_timeout setting.
 var lockTimeout = fmt.Sprintf("%dms", lockWait.Milliseconds())
 
-const setLockTimeoutSQL = "SELECT pg_catalog.set_config('lock_timeout', $1, false)"
+// session is what every migration runs under: lock_timeout bounded to
+// lockWait, and the search_path the connection had when Migrate began. tern
+// runs RESET ALL after each migration, which puts back the connection's
+// startup values: without setting them again, the bound would be lifted for
+// the migrations after the first, and a search_path SET after connecting
+// (not in the connection string) would send them into another schema, while
+// the version table, named with its schema, recorded them here.
+type session struct{ searchPath string }
 
-// boundLockWaits sets conn's lock_timeout to lockWait, and returns what sets
-// it back.
-func boundLockWaits(ctx context.Context, conn *pgx.Conn) (func(), error) {
+// pinSessionSQL reads the session's lock_timeout and search_path and sets
+// the first to lockTimeout.
+const pinSessionSQL = "SELECT pg_catalog.current_setting('lock_timeout'), pg_catalog.current_setting('search_path'), pg_catalog.set_config('lock_timeout', $1, false)"
+
+// setSessionSQL sets lock_timeout and search_path for the session.
+const setSessionSQL = "SELECT pg_catalog.set_config('lock_timeout', $1, false), pg_catalog.set_config('search_path', $2, false)"
+
+// pinSession bounds conn's lock waits to lockWait and returns the session to
+// apply after each RESET ALL, and what puts conn's settings back as they
+// were.
+func pinSession(ctx context.Context, conn *pgx.Conn) (session, func(), error) {
 	var previous string
-	err := conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('lock_timeout'), pg_catalog.set_config('lock_timeout', $1, false)",
-		lockTimeout).Scan(&previous, new(string))
+	var pinned session
+	err := conn.QueryRow(ctx, pinSessionSQL, lockTimeout).Scan(&previous, &pinned.searchPath, new(string))
 	if err != nil {
-		return nil, fmt.Errorf("set lock_timeout: %w", err)
+		return pinned, nil, fmt.Errorf("set lock_timeout: %w", err)
 	}
-	return func() {
+	return pinned, func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_, _ = conn.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, false)", previous)
+		_, _ = conn.Exec(ctx, setSessionSQL, previous, pinned.searchPath)
 	}, nil
+}
+
+// apply sets the session's settings on conn again; an error shows in the
+// statement after it, which runs on a failed connection or transaction.
+func (s session) apply(ctx context.Context, conn *pgx.Conn) {
+	_, _ = conn.Exec(ctx, setSessionSQL, lockTimeout, s.searchPath)
 }
 
 // patiently runs step again while it fails for a lock wait over

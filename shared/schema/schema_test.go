@@ -580,3 +580,74 @@ func TestUpgradeTo13RecordsAttachmentsNotTables(t *testing.T) {
 	require.Equal(t, 2, enabled)
 	require.Nil(t, adopt())
 }
+
+// Migration 004 records a writer that bounded nothing when the live table
+// holds rows. A row an older release inserted while the migration ran (its
+// transaction still open when the migration began, committed while the
+// migration waits for its lock) is such a row: the record is made for it,
+// or the archive skip would take the key for one a bounded writer stored.
+func TestMigration004SeesARowAnOlderWriterCommitsWhileItRuns(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	conn, url := upgradedSchema(t, db)
+	_, err := schema.MigrateTo(ctx, conn, logger, 3)
+	require.NoError(t, err)
+
+	w, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer w.Close(ctx)
+	tx, err := w.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO idempotency_keys (scoped_key, fingerprint, expires_at) VALUES ('idem:v1:old-writer', sha256('old'), now() + interval '1 day')")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { _, err := schema.MigrateTo(ctx, conn, logger, 4); done <- err }()
+	// Commit only once the migration waits for the writer's transaction.
+	pid := conn.PgConn().PID()
+	require.Eventually(t, func() bool {
+		return dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", pid) == 1
+	}, 30*time.Second, 5*time.Millisecond, "the migration never waited for the open insert")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-done)
+
+	var unbounded int
+	require.NoError(t, w.QueryRow(ctx, "SELECT count(*) FROM idempotency_writers WHERE NOT bounded").Scan(&unbounded))
+	require.Equal(t, 1, unbounded, "a live row of an older writer, and no unbounded writer recorded")
+}
+
+// Migrations apply to the first schema on the connection's search_path,
+// one SET after connecting included: tern's RESET ALL after each migration
+// would put back the startup one, and send the migrations after the first
+// into another schema, while the version table recorded them here. The
+// connection keeps its search_path.
+func TestMigrateKeepsASearchPathSetOnTheConnection(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	name := db.Schema + "_set"
+	ident := pgx.Identifier{name}.Sanitize()
+	_, err := db.Pool.Exec(ctx, "CREATE SCHEMA "+ident)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA "+ident+" CASCADE") })
+	// The connection's startup search_path is db's schema (migrated); it is
+	// then SET to the new one.
+	conn, err := pgx.Connect(ctx, db.URL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "SET search_path TO "+ident)
+	require.NoError(t, err)
+	res, err := schema.Migrate(ctx, conn, logger)
+	require.NoError(t, err)
+	require.Equal(t, schema.LatestVersion(), res.ToVersion)
+	require.Equal(t, int32(0), res.FromVersion)
+
+	want := dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace", db.Schema)
+	got := dbtest.Count(t, db.Pool, "SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace", ident)
+	require.Equal(t, want, got, "the SET schema holds what a migrated schema holds")
+	var current string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_schema()").Scan(&current))
+	require.Equal(t, name, current)
+}

@@ -26,11 +26,6 @@ CREATE TABLE IF NOT EXISTS idempotency_writers (
     PRIMARY KEY (ttl_ms, skew_ms, bounded)
 );
 
-INSERT INTO idempotency_writers (ttl_ms, skew_ms, bounded, first_used, used_until)
-SELECT 0, 0, false, '-infinity', 'infinity'
- WHERE (EXISTS (SELECT 1 FROM idempotency_keys) OR EXISTS (SELECT 1 FROM idempotency_key_archive))
-ON CONFLICT DO NOTHING;
-
 -- The skew a row's writer enforced when it registered the row. NULL: a writer
 -- that enforced none.
 ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS skew_ms bigint;
@@ -54,3 +49,15 @@ CREATE TRIGGER idempotency_keys_unbounded_writer
     BEFORE INSERT ON idempotency_keys
     FOR EACH ROW WHEN (NEW.skew_ms IS NULL)
     EXECUTE FUNCTION idempotency_record_unbounded_writer();
+
+-- Keys stored before this table existed, checked only now: the ALTER TABLE
+-- above waited for every insert into idempotency_keys already running (an
+-- older release's, still uncommitted when this migration began, whose row
+-- a check before it would not have seen) and holds off the rest until this
+-- migration commits, after which the trigger records them. The lock on the
+-- archive does the same for a writer that archives without the live table.
+LOCK TABLE idempotency_key_archive IN SHARE MODE;
+INSERT INTO idempotency_writers (ttl_ms, skew_ms, bounded, first_used, used_until)
+SELECT 0, 0, false, '-infinity', 'infinity'
+ WHERE (EXISTS (SELECT 1 FROM idempotency_keys) OR EXISTS (SELECT 1 FROM idempotency_key_archive))
+ON CONFLICT DO NOTHING;
