@@ -120,11 +120,12 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 			"no partition or primary key can hold them. They stay live and are answered 409 expired; correct or delete them",
 			"unarchivable", res.Unarchivable)
 	}
-	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) && noBatch.AfterTimeouts > 0 {
-		// The batches were slow, not the invocation short: no advice on
-		// the margin, which the error's own text replaces.
+	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) && (noBatch.AfterTimeouts > 0 || noBatch.AfterIndexSwaps > 0 && !noBatch.AfterConflict) {
+		// The batches were slow, or waited for a compaction's index swap,
+		// not the invocation short: no advice on the margin, which the
+		// error's own text replaces.
 		log.ErrorContext(ctx, "sweep failed", "error", err, "backlog", res.Backlog, "stopped", res.Stopped,
-			"batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize)
+			"batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize, "index_swap_retries", res.IndexSwapRetries)
 		return res, err
 	} else if noBatch != nil {
 		fix := fmt.Sprintf("raise the function's timeout well above SWEEP_DEADLINE_MARGIN (%s), for example to 5 minutes, "+

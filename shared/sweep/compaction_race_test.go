@@ -24,21 +24,7 @@ func TestABatchThatMeetsAnIndexSwapRunsAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	failFirst := func(n int) {
-		t.Helper()
-		_, err := b.db.Pool.Exec(ctx, fmt.Sprintf(`
-			DROP SEQUENCE IF EXISTS swap_faults;
-			CREATE SEQUENCE swap_faults;
-			CREATE OR REPLACE FUNCTION swap_fault() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
-			BEGIN
-				IF nextval('swap_faults') <= %d THEN
-					RAISE EXCEPTION 'invalid arbiter index list' USING ERRCODE = 'internal_error';
-				END IF;
-				RETURN NEW;
-			END $$;
-			CREATE OR REPLACE TRIGGER swap_fault BEFORE INSERT ON idempotency_key_archive FOR EACH ROW EXECUTE FUNCTION swap_fault();`, n))
-		require.NoError(t, err)
-	}
+	failFirst := func(n int) { swapFaults(t, b, n) }
 	expired := time.Now().Add(-time.Hour)
 	s := newSweeper(t, b.sweeper, sweep.Config{}, b.parts, nil)
 
@@ -103,6 +89,47 @@ func TestABatchThatMeetsAnIndexSwapRunsAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, res.Moved)
 	require.Zero(t, dbtest.Count(t, b.db.Pool, "SELECT count(*) FROM idempotency_keys"))
+}
+
+// swapFaults makes the first n inserts into the archive fail as a
+// compaction's index swap makes them fail (XX000 "invalid arbiter index
+// list").
+func swapFaults(t *testing.T, b bundle, n int) {
+	t.Helper()
+	_, err := b.db.Pool.Exec(context.Background(), fmt.Sprintf(`
+		DROP SEQUENCE IF EXISTS swap_faults;
+		CREATE SEQUENCE swap_faults;
+		CREATE OR REPLACE FUNCTION swap_fault() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+		BEGIN
+			IF nextval('swap_faults') <= %d THEN
+				RAISE EXCEPTION 'invalid arbiter index list' USING ERRCODE = 'internal_error';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE OR REPLACE TRIGGER swap_fault BEFORE INSERT ON idempotency_key_archive FOR EACH ROW EXECUTE FUNCTION swap_fault();`, n))
+	require.NoError(t, err)
+}
+
+// A run whose deadline comes while it waits for an index swap to end says
+// so: it started batches, which met the swap, and it was not too short to
+// start one.
+func TestADeadlineWhileWaitingForAnIndexSwapSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	swapFaults(t, b, 6)
+	dbtest.InsertLive(t, b.db.Pool, dbtest.LiveRow{Key: "idem:v1:swapped", Status: 201, ExpiresAt: time.Now().Add(-time.Hour)})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	res, err := newSweeper(t, b.sweeper, sweep.Config{DeadlineMargin: 2200 * time.Millisecond}, b.parts, nil).Run(ctx)
+	var noBatch *sweep.DeadlineError
+	require.ErrorAs(t, err, &noBatch)
+	require.Equal(t, sweep.StoppedDeadline, res.Stopped)
+	require.Positive(t, res.IndexSwapRetries)
+	require.Less(t, res.IndexSwapRetries, 6)
+	require.Equal(t, res.IndexSwapRetries, noBatch.AfterIndexSwaps)
+	require.ErrorContains(t, err, "batches met a compaction's index swap")
+	require.NotContains(t, err.Error(), "started no batch")
+	require.EqualValues(t, 1, res.Backlog)
 }
 
 // The partition manager compacts a closed month by rebuilding its primary

@@ -2,6 +2,7 @@ package sweep_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -173,4 +174,50 @@ func TestAWaitToCreateAMonthEndsAsTheRunDoes(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Equal(t, sweep.StoppedDeadline, res.Stopped)
 	})
+}
+
+// lockAfterFirst is the real partition manager, with a partition run that
+// takes the manager's advisory lock (a DETACH CONCURRENTLY waiting for old
+// snapshots, say) right after the sweeper created its first month.
+type lockAfterFirst struct {
+	t     *testing.T
+	b     bundle
+	calls int
+}
+
+func (l *lockAfterFirst) EnsureMonth(ctx context.Context, m time.Time) ([]string, error) {
+	l.calls++
+	if l.calls == 2 {
+		holdPartitionLock(l.t, l.b)
+	}
+	return l.b.parts.EnsureMonth(ctx, m)
+}
+
+// Two months missing; the first is created, the wait for the second ends at
+// the deadline margin. The run says the second month is missing, keeps the
+// first in its result, and stopped at its deadline while it waited (as a
+// single month's wait does), not that the invocation was too short to start
+// a batch.
+func TestAMonthStillMissingAtTheDeadlineIsNamedAfterAnotherWasCreated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	start := partition.MonthStart(time.Now())
+	older, newer := start.AddDate(0, -9, 0), start.AddDate(0, -7, 0)
+	dbtest.InsertLive(t, b.db.Pool,
+		dbtest.LiveRow{Key: "idem:v1:older", Status: 201, ExpiresAt: older.Add(3 * 24 * time.Hour)},
+		dbtest.LiveRow{Key: "idem:v1:newer", Status: 201, ExpiresAt: newer.Add(3 * 24 * time.Hour)},
+	)
+	ens := &lockAfterFirst{t: t, b: b}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	res, err := newSweeper(t, b.db.Pool, sweep.Config{DeadlineMargin: time.Second}, ens, nil).Run(ctx)
+	require.Equal(t, []string{partition.Name(older)}, res.PartitionsCreated)
+	var missing *sweep.MissingPartitionError
+	require.ErrorAs(t, err, &missing, "the month still missing is named")
+	require.Equal(t, []time.Time{newer}, missing.Months)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, sweep.StoppedDeadline, res.Stopped)
+	require.EqualValues(t, 2, res.Backlog)
+	var noBatch *sweep.DeadlineError
+	require.False(t, errors.As(err, &noBatch), "%v", err)
 }

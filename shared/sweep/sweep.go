@@ -523,6 +523,10 @@ type DeadlineError struct {
 	AfterTimeouts int
 	BatchSize     int
 	MaxDuration   time.Duration
+	// AfterIndexSwaps counts the batches the run did start, each of which
+	// met a compaction's index swap and moved nothing, before the deadline
+	// came while it waited for the swap to end.
+	AfterIndexSwaps int
 }
 
 func (e *DeadlineError) Error() string {
@@ -538,6 +542,11 @@ func (e *DeadlineError) Error() string {
 		return fmt.Sprintf("sweep moved nothing: %d batches ran past the statement timeout (the last cut to %d rows) before the run's max duration of %s ended it, and %s "+
 			"(the rows are slow to move: raise the max duration or SWEEP_STATEMENT_TIMEOUT)",
 			e.AfterTimeouts, e.BatchSize, e.MaxDuration, waiting)
+	}
+	if e.AfterIndexSwaps > 0 && e.AfterTimeouts == 0 && !e.AfterConflict {
+		return fmt.Sprintf("sweep moved nothing: %d batches met a compaction's index swap (REINDEX CONCURRENTLY of an archive month), and %s was left before the deadline, under the deadline margin of %s, while it waited for the swap to end; %s "+
+			"(the next run goes on once the swap is done)",
+			e.AfterIndexSwaps, e.Remaining.Round(time.Millisecond), e.Margin, waiting)
 	}
 	if e.AfterTimeouts > 0 {
 		return fmt.Sprintf("sweep moved nothing: %d batches ran past the statement timeout (the last cut to %d rows) before %s was left before the deadline, under the deadline margin of %s, and %s "+
@@ -670,7 +679,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 			if stop == StoppedDeadline && res.Batches == 0 {
 				deadline, _ := ctx.Deadline()
 				noBatch = &DeadlineError{Remaining: time.Until(deadline), Margin: s.cfg.DeadlineMargin, AfterConflict: res.ConflictRetries > 0,
-					AfterTimeouts: res.BatchTimeouts, BatchSize: res.BatchSize}
+					AfterTimeouts: res.BatchTimeouts, BatchSize: res.BatchSize, AfterIndexSwaps: res.IndexSwapRetries}
 			}
 			if stop == StoppedMaxDuration && res.Batches == 0 && res.BatchTimeouts > 0 {
 				// Failures are loud: a run that only timed out moved
@@ -725,6 +734,7 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 		var missing *MissingPartitionError
 		if errors.As(err, &missing) {
 			created, cerr := s.createPartitions(ctx, missing)
+			res.PartitionsCreated = append(res.PartitionsCreated, created...)
 			if errors.Is(cerr, errPartitionRaced) {
 				if raced < maxPartitionRaces {
 					// Another sweeper or a partition run created the month
@@ -751,7 +761,6 @@ func (s *Sweeper) Run(ctx context.Context) (res Result, err error) {
 				}
 				return res, fmt.Errorf("sweep batch %d: %w", res.Batches+1, cerr)
 			}
-			res.PartitionsCreated = append(res.PartitionsCreated, created...)
 			continue
 		}
 		raced, swapped = 0, 0
@@ -924,7 +933,8 @@ func (s *Sweeper) uncoveredMonths(ctx context.Context) ([]time.Time, error) {
 // others, and succeeds when it created at least one: the batch then runs
 // again, and fails again only if a month it still needs failed, which the
 // next call reports alone. It fails when it made no progress, so a batch can
-// never loop on a partition it cannot create.
+// never loop on a partition it cannot create, and when the run's time ended
+// while months were left (with the months it created).
 func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitionError) ([]string, error) {
 	if len(missing.Months) == 0 {
 		// Every month the batch needs is covered now: someone created it
@@ -962,6 +972,12 @@ func (s *Sweeper) createPartitions(ctx context.Context, missing *MissingPartitio
 		}
 	}
 	switch {
+	case len(failed) > 0 && ctx.Err() != nil:
+		// The wait ended where the run does (its deadline margin, or a
+		// cancel): the months created are kept, and the run ends saying
+		// which are still missing, not that it had no time to start.
+		missing.Months, missing.Err = failed, why
+		return created, missing
 	case len(created) > 0:
 		return created, nil
 	case len(failed) > 0:
