@@ -953,7 +953,16 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 				return
 			}
 		}
-		m.expired(w, r, status, e.ResourceID, e.CreatedAt, e.ExpiresAt)
+		id := e.ResourceID
+		if id == nil && e.State == Completed {
+			// The sweeper archives the id at the JSON path of a row with
+			// none recorded (another writer's, its response stored as
+			// jsonb): the same answer before the sweep as after it. Rows
+			// this package completes had theirs read from the same body
+			// by the same path at completion.
+			id = resourceID(e.Body, m.path)
+		}
+		m.expired(w, r, status, id, e.CreatedAt, e.ExpiresAt)
 	case e.State == InFlight:
 		m.retryAfter(w)
 		m.problem(w, r, http.StatusConflict, "idempotency_key_in_flight", "a request with this key is still being processed", nil)

@@ -402,6 +402,32 @@ func TestExpiredButUnsweptLiveKeyIs409Expired(t *testing.T) {
 	require.EqualValues(t, 1, h.calls.Load())
 }
 
+// A row another writer stored (its response as jsonb, no resource_id
+// column set) is answered, once expired, with the id the sweeper will
+// archive from its response: the same answer before the sweep as after.
+func TestAnExpiredRowOfAnotherWriterIsAnsweredWithTheIdTheSweeperArchives(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pg)
+	h := &charges{}
+	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
+	require.Equal(t, 201, post(srv, "k", `{}`).Code)
+	_, err := b.db.Pool.Exec(context.Background(), `UPDATE idempotency_keys
+		   SET response = convert_from(response_raw, 'UTF8')::jsonb, response_raw = NULL, resource_id = NULL,
+		       created_at = now() - interval '2 hours', expires_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	for _, when := range []string{"before the sweep", "after the sweep"} {
+		w := post(srv, "k", `{}`)
+		require.Equal(t, 409, w.Code, when)
+		p := problemOf(t, w)
+		require.Equal(t, "idempotency_key_expired", p["code"], when)
+		require.Equal(t, "ch_1", p["resource_id"], when)
+		if when == "before the sweep" {
+			require.EqualValues(t, 1, sweepAll(t, b))
+		}
+	}
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
 func TestTenantsNeverCollide(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pg)
