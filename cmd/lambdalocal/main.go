@@ -104,6 +104,30 @@ INSERT INTO idempotency_key_archive (scoped_key, fingerprint, status_code, resou
 SELECT 'idem:v1:probe', '\x00', 201, 'ch_probe', now() - interval '30 hours', now() - interval '6 hours'
  WHERE NOT EXISTS (SELECT 1 FROM idempotency_key_archive WHERE scoped_key = 'idem:v1:probe')`
 
+// connectForProbe connects as the functions would: DATABASE_URL and the
+// settings beside it read and checked as they read them, whose errors never
+// echo the connection string (pgx's own parse errors hide only a password
+// written password=value, not libpq's "password = value" or an escaped
+// blank).
+func connectForProbe(ctx context.Context) (*pgx.Conn, error) {
+	s, err := settings.FromEnv(os.Getenv)
+	if err != nil {
+		return nil, errors.New(settings.Redact(err.Error()))
+	}
+	if s.Database.URL == "" {
+		return nil, errors.New("DATABASE_URL is not set")
+	}
+	cfg, err := s.Database.PoolConfig()
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %s", settings.Redact(err.Error()))
+	}
+	return conn, nil
+}
+
 func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("invoke", flag.ContinueOnError)
 	bootstrap := fs.String("bootstrap", "", "path of the bootstrap binary (built for this machine)")
@@ -121,9 +145,9 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if *seed {
-		conn, err := pgx.Connect(ctx, os.Getenv("DATABASE_URL"))
+		conn, err := connectForProbe(ctx)
 		if err != nil {
-			return fmt.Errorf("seed probe: connect: %w", err)
+			return fmt.Errorf("seed probe: %w", err)
 		}
 		_, err = conn.Exec(ctx, probeSQL)
 		conn.Close(ctx)

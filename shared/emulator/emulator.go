@@ -105,6 +105,7 @@ func start(ctx context.Context, rie, bootstrap string, env map[string]string, mi
 		out = io.MultiWriter(e.Output, mirror)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
+	stopWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start emulator: %w", err)
 	}

@@ -13,6 +13,9 @@
 #
 # Environment:
 #   DATABASE_URL              if set, used as is; no Postgres is started.
+#                             WITH_SERVICES_OWN_DATABASE=1 is exported to
+#                             the command only when the script started one
+#                             (its URL holds no password and may be shown).
 #   REDIS_URL                 if set, used as is; no Redis is started.
 #   WITH_SERVICES_NO_REDIS=1  do not start Redis (REDIS_URL stays unset).
 #   PG_BIN_DIR                the PostgreSQL server binaries to run (default:
@@ -39,6 +42,23 @@ fi
 
 is_root=false
 [[ ${EUID} -eq 0 ]] && is_root=true
+
+# Set only where this script starts the database, never taken from outside.
+unset WITH_SERVICES_OWN_DATABASE
+
+# url_encode S: S percent-encoded for a URL's query value, every byte but
+# the unreserved ones and '/' (a TMPDIR with a space, '%', '&' or '#').
+url_encode() {
+	local LC_ALL=C s=$1 out="" c i
+	for ((i = 0; i < ${#s}; i++)); do
+		c=${s:i:1}
+		case ${c} in
+		[A-Za-z0-9/._~-]) out+=${c} ;;
+		*) out+=$(printf '%%%02X' "'${c}") ;;
+		esac
+	done
+	printf '%s' "${out}"
+}
 
 tmp_dir=""
 pg_dir=""
@@ -84,9 +104,12 @@ trap cleanup EXIT
 child=""
 # forward SIG: pass a signal on to the command, if it runs.
 # shellcheck disable=SC2317 # only called via trap
+# The command may have ended already (a signal to the whole process group
+# reached it first): that is no failure of the script's.
 forward() {
-	[[ -n ${child} ]] && kill -"$1" "${child}" 2>/dev/null
-	return 0
+	if [[ -n ${child} ]]; then
+		kill -"$1" "${child}" 2>/dev/null || true
+	fi
 }
 # Turn signals into a normal exit so the EXIT trap runs (128 + signal number).
 # SIGTERM and SIGHUP stop everything at once, the command too; SIGINT (which
@@ -316,7 +339,8 @@ start_postgres() {
 		die "PostgreSQL failed to start (socket ${pg_sock}, port ${port})"
 	done
 
-	export DATABASE_URL="postgres://postgres@/postgres?host=${pg_sock}&port=${port}&sslmode=disable"
+	export DATABASE_URL="postgres://postgres@/postgres?host=$(url_encode "${pg_sock}")&port=${port}&sslmode=disable"
+	export WITH_SERVICES_OWN_DATABASE=1
 	local version
 	version=$("${PG_BIN_DIR}/postgres" --version 2>/dev/null | sed -n 's/.*(PostgreSQL) \([0-9][0-9.]*\).*/\1/p')
 	log "postgres ${version%%.*} on socket ${pg_sock}/.s.PGSQL.${port}"
@@ -432,7 +456,16 @@ ${need_redis} && start_redis
 
 # Not exec: the EXIT trap has to run after the command to stop the services.
 # Its stdin stays the script's (a background command's would be /dev/null).
-"$@" <&0 &
+# A non-interactive shell starts a background command with SIGINT and
+# SIGQUIT ignored, which everything it runs inherits (an interactive shell's
+# commands too): GNU env gives them back their default action, so that
+# Ctrl-C stops the command. Elsewhere only a command that handles SIGINT
+# itself (the Go tools here do) stops on it.
+if env --default-signal=INT,QUIT true 2>/dev/null; then
+	env --default-signal=INT,QUIT -- "$@" <&0 &
+else
+	"$@" <&0 &
+fi
 child=$!
 # A trapped signal ends a wait early; wait again until the command has ended.
 while kill -0 "${child}" 2>/dev/null; do
@@ -440,4 +473,10 @@ while kill -0 "${child}" 2>/dev/null; do
 done
 status=0
 wait "${child}" 2>/dev/null || status=$?
+if ((status < 0 || status > 255)); then
+	# bash 5.2 can lose the status of a command that ended while a trap
+	# ran (its wait then returns -1): Ctrl-C's, as a command it stopped
+	# would have.
+	status=130
+fi
 exit "${status}"
