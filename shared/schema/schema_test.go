@@ -651,3 +651,57 @@ func TestMigrateKeepsASearchPathSetOnTheConnection(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, "SELECT current_schema()").Scan(&current))
 	require.Equal(t, name, current)
 }
+
+// Migration 004 waits for an archive insert still running only where
+// neither table shows a row, and before it locks the live table: the
+// archive's maintenance (autovacuum, ANALYZE: SHARE UPDATE EXCLUSIVE), which
+// its lock also waits for, never holds up an upgrade of an archive with
+// rows, nor queues reads or registrations of the live table.
+func TestMigration004NeverQueuesTheLiveTableBehindArchiveMaintenance(t *testing.T) {
+	t.Parallel()
+	for _, rows := range []bool{true, false} {
+		db := dbtest.New(t)
+		ctx := context.Background()
+		logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+		conn, url := upgradedSchema(t, db)
+		_, err := schema.MigrateTo(ctx, conn, logger, 3)
+		require.NoError(t, err)
+		if rows {
+			archiveOneRowAt(t, conn, 3)
+		}
+		maint, err := pgx.Connect(ctx, url)
+		require.NoError(t, err)
+		defer maint.Close(ctx)
+		tx, err := maint.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "LOCK TABLE idempotency_key_archive IN SHARE UPDATE EXCLUSIVE MODE")
+		require.NoError(t, err)
+		live, err := pgx.Connect(ctx, url)
+		require.NoError(t, err)
+		defer live.Close(ctx)
+
+		done := make(chan error, 1)
+		go func() { _, err := schema.MigrateTo(ctx, conn, logger, 4); done <- err }()
+		if rows {
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("migration 004 waited for the archive's maintenance, though the archive holds rows")
+			}
+			require.NoError(t, tx.Rollback(ctx))
+			continue
+		}
+		// The wait for the maintenance holds nothing the live table needs.
+		for until := time.Now().Add(1500 * time.Millisecond); time.Now().Before(until); time.Sleep(50 * time.Millisecond) {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			started := time.Now()
+			_, err := live.Exec(pctx, "SELECT count(*) FROM idempotency_keys")
+			cancel()
+			require.NoError(t, err)
+			require.Less(t, time.Since(started), 2*time.Second, "a read of the live table queued behind migration 004's wait")
+		}
+		require.NoError(t, tx.Rollback(ctx))
+		require.NoError(t, <-done)
+	}
+}

@@ -26,6 +26,21 @@ CREATE TABLE IF NOT EXISTS idempotency_writers (
     PRIMARY KEY (ttl_ms, skew_ms, bounded)
 );
 
+-- Where neither table shows a row yet, an insert into the archive may still
+-- be running (an older Redis store archives at completion): wait for it, and
+-- hold off the next until this migration commits. Only then: SHARE waits for
+-- the archive's maintenance too (autovacuum, ANALYZE), which a table with
+-- rows may be under for long, and it is taken before the live table's lock
+-- below, so that registrations never queue behind the wait. Where a row
+-- shows, the record below is made whatever else arrives.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM idempotency_keys) AND NOT EXISTS (SELECT 1 FROM idempotency_key_archive) THEN
+        LOCK TABLE idempotency_key_archive IN SHARE MODE;
+    END IF;
+END
+$$;
+
 -- The skew a row's writer enforced when it registered the row. NULL: a writer
 -- that enforced none.
 ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS skew_ms bigint;
@@ -54,9 +69,9 @@ CREATE TRIGGER idempotency_keys_unbounded_writer
 -- above waited for every insert into idempotency_keys already running (an
 -- older release's, still uncommitted when this migration began, whose row
 -- a check before it would not have seen) and holds off the rest until this
--- migration commits, after which the trigger records them. The lock on the
--- archive does the same for a writer that archives without the live table.
-LOCK TABLE idempotency_key_archive IN SHARE MODE;
+-- migration commits, after which the trigger records them. The archive's
+-- lock, taken before it, did the same for a writer that archives without
+-- the live table (an older Redis store).
 INSERT INTO idempotency_writers (ttl_ms, skew_ms, bounded, first_used, used_until)
 SELECT 0, 0, false, '-infinity', 'infinity'
  WHERE (EXISTS (SELECT 1 FROM idempotency_keys) OR EXISTS (SELECT 1 FROM idempotency_key_archive))
