@@ -393,10 +393,21 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 	}
 	n, err := redisComplete.Run(ctx, s.client, []string{s.prefix + key}, c.Fingerprint, c.Status, c.Body, c.ContentType, rid, hasRID, persist, s.remaining(e.ExpiresAt), c.Token).Int()
 	switch {
-	case archiveErr != nil:
-		return fmt.Errorf("archive idempotency key at completion (the key is kept in Redis without expiry until archived): %w", archiveErr)
+	case err != nil && archiveErr != nil:
+		// Neither step held: the hash is still in flight, with its expiry
+		// (or gone). The next attempt tries both again; the error must not
+		// say the outcome is kept, which redis-reconcile would then find.
+		return fmt.Errorf("archive idempotency key at completion: %w; and keeping its hash failed too (neither archived nor kept: a retry after the hash expires runs again): %w", archiveErr, err)
 	case err != nil:
 		return fmt.Errorf("complete idempotency key: %w", err)
+	case n == 0 && archiveErr != nil && len(c.Token) > 0:
+		// The hash went between the read above and the script (an
+		// eviction, a failover): kept as a hash lost before it.
+		return s.keepLost(ctx, key, c, archiveErr)
+	case n == 0 && archiveErr != nil:
+		return fmt.Errorf("archive idempotency key at completion: %w; its hash was gone, and nothing was kept (a retry after its window runs again)", archiveErr)
+	case archiveErr != nil:
+		return fmt.Errorf("archive idempotency key at completion (the key is kept in Redis without expiry until archived): %w", archiveErr)
 	case n == 0:
 		return ErrNotInFlight
 	}
