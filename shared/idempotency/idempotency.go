@@ -122,6 +122,10 @@ type Entry struct {
 	ResourceID  *string
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
+	// BodyIsJSONB says Body is a response another writer stored as jsonb
+	// (the Postgres store's response column), with no resource id
+	// recorded: the sweeper archives the id at its JSON path.
+	BodyIsJSONB bool
 	// WindowEnded, when not nil, is the store's own verdict on whether
 	// ExpiresAt has passed, by the clock that set it (the database's, for
 	// the Postgres store). The middleware trusts it over its own clock,
@@ -953,16 +957,7 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, scoped str
 				return
 			}
 		}
-		id := e.ResourceID
-		if id == nil && e.State == Completed {
-			// The sweeper archives the id at the JSON path of a row with
-			// none recorded (another writer's, its response stored as
-			// jsonb): the same answer before the sweep as after it. Rows
-			// this package completes had theirs read from the same body
-			// by the same path at completion.
-			id = resourceID(e.Body, m.path)
-		}
-		m.expired(w, r, status, id, e.CreatedAt, e.ExpiresAt)
+		m.expired(w, r, status, m.archivedID(e), e.CreatedAt, e.ExpiresAt)
 	case e.State == InFlight:
 		m.retryAfter(w)
 		m.problem(w, r, http.StatusConflict, "idempotency_key_in_flight", "a request with this key is still being processed", nil)
@@ -1143,14 +1138,29 @@ func resourceID(body []byte, path []string) *string {
 	if dec.Decode(&v) != nil {
 		return nil
 	}
-	for _, p := range path {
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return nil
-		}
-		v = obj[p]
+	s, ok := resourceid.Find(v, path)
+	return boundedID(s, ok)
+}
+
+// archivedID is the resource id the sweeper archives for e, for an answer
+// before the sweep that is the same as after it: the one recorded, within
+// the archive's bound; for a row with none recorded whose response another
+// writer stored as jsonb, the one at the resource id path, read as jsonb
+// reads it. The sweeper's own path (SWEEP_RESOURCE_ID_PATH) must be this
+// middleware's.
+func (m *Middleware) archivedID(e Entry) *string {
+	if e.ResourceID != nil {
+		return boundedID(*e.ResourceID, true)
 	}
-	s, ok := v.(string)
+	if e.State != Completed || !e.BodyIsJSONB {
+		return nil
+	}
+	return resourceID(e.Body, m.path)
+}
+
+// boundedID is s when it is an id the archive keeps (the sweeper's bound,
+// and no NUL, which PostgreSQL text cannot hold), else nil.
+func boundedID(s string, ok bool) *string {
 	if !ok || len(s) > MaxResourceIDBytes || strings.IndexByte(s, 0) >= 0 {
 		return nil
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/livestore"
 	"github.com/idemarchive/idemarchive/shared/metrics"
 	"github.com/idemarchive/idemarchive/shared/schema"
+	"github.com/idemarchive/idemarchive/shared/sweep"
 	"github.com/idemarchive/idemarchive/shared/testenv"
 )
 
@@ -402,30 +403,63 @@ func TestExpiredButUnsweptLiveKeyIs409Expired(t *testing.T) {
 	require.EqualValues(t, 1, h.calls.Load())
 }
 
-// A row another writer stored (its response as jsonb, no resource_id
-// column set) is answered, once expired, with the id the sweeper will
-// archive from its response: the same answer before the sweep as after.
-func TestAnExpiredRowOfAnotherWriterIsAnsweredWithTheIdTheSweeperArchives(t *testing.T) {
+// jsonBody answers 201 with its JSON.
+type jsonBody string
+
+func (b jsonBody) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write([]byte(b))
+}
+
+// A late retry of an expired row is answered with the resource id the
+// sweeper archives for it, before the sweep as after: for this package's
+// rows and for other writers' (a response stored as jsonb or byte for byte,
+// a resource_id column set or not, over the archive's bound), with paths
+// through objects and arrays.
+func TestALateRetryGetsTheSameResourceIDBeforeAndAfterTheSweep(t *testing.T) {
 	t.Parallel()
-	b := setup(t, pg)
-	h := &charges{}
-	srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour}).Wrap(h)
-	require.Equal(t, 201, post(srv, "k", `{}`).Code)
-	_, err := b.db.Pool.Exec(context.Background(), `UPDATE idempotency_keys
-		   SET response = convert_from(response_raw, 'UTF8')::jsonb, response_raw = NULL, resource_id = NULL,
-		       created_at = now() - interval '2 hours', expires_at = now() - interval '1 hour'`)
-	require.NoError(t, err)
-	for _, when := range []string{"before the sweep", "after the sweep"} {
-		w := post(srv, "k", `{}`)
-		require.Equal(t, 409, w.Code, when)
-		p := problemOf(t, w)
-		require.Equal(t, "idempotency_key_expired", p["code"], when)
-		require.Equal(t, "ch_1", p["resource_id"], when)
-		if when == "before the sweep" {
-			require.EqualValues(t, 1, sweepAll(t, b))
-		}
+	const asJSONB = `response = convert_from(response_raw, 'UTF8')::jsonb, response_raw = NULL, resource_id = NULL`
+	for _, tc := range []struct {
+		name, path, body, update string
+		want                     any
+	}{
+		{"recorded", "id", `{"id":"ch_1"}`, `resource_id = resource_id`, "ch_1"},
+		{"jsonb", "id", `{"id":"ch_1"}`, asJSONB, "ch_1"},
+		{"jsonb nested", "data.charge.id", `{"data":{"charge":{"id":"ch_n\u00e9"}}}`, asJSONB, "ch_né"},
+		{"jsonb array", "data.0.id", `{"data":[{"id":"ch_0"},{"id":"ch_1"}]}`, asJSONB, "ch_0"},
+		{"jsonb array from the end", "data.-1.id", `{"data":[{"id":"ch_0"},{"id":"ch_1"}]}`, asJSONB, "ch_1"},
+		{"jsonb number", "id", `{"id":12}`, asJSONB, nil},
+		{"jsonb id over the bound", "id", `{"id":"` + strings.Repeat("x", 256) + `"}`, asJSONB, nil},
+		{"raw, no id recorded", "id", `{"id":"ch_raw"}`, `response = NULL, resource_id = NULL`, nil},
+		{"recorded over the bound", "id", `{"id":"ch_1"}`, `resource_id = repeat('x', 300)`, nil},
+		{"recorded at the bound", "id", `{"id":"ch_1"}`, `resource_id = repeat('x', 255)`, strings.Repeat("x", 255)},
+		{"recorded empty", "id", `{"id":"ch_1"}`, `resource_id = ''`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, pg)
+			srv := b.middleware(t, idempotency.Config{LiveTTL: time.Hour, ResourceIDPath: tc.path}).Wrap(jsonBody(tc.body))
+			require.Equal(t, 201, post(srv, "k", `{}`).Code)
+			_, err := b.db.Pool.Exec(context.Background(), `UPDATE idempotency_keys SET `+tc.update+`,
+				created_at = now() - interval '2 hours', expires_at = now() - interval '1 hour'`)
+			require.NoError(t, err)
+			for _, when := range []string{"before the sweep", "after the sweep"} {
+				w := post(srv, "k", `{}`)
+				require.Equal(t, 409, w.Code, when)
+				p := problemOf(t, w)
+				require.Equal(t, "idempotency_key_expired", p["code"], when)
+				require.Equal(t, tc.want, p["resource_id"], when)
+				if when == "before the sweep" {
+					s, err := sweep.New(b.db.Pool, sweep.Config{BatchSize: 1000, Pause: 0, ResourceIDPath: tc.path}, nil, nil)
+					require.NoError(t, err)
+					res, err := s.Run(context.Background())
+					require.NoError(t, err)
+					require.EqualValues(t, 1, res.Moved)
+				}
+			}
+		})
 	}
-	require.EqualValues(t, 1, h.calls.Load())
 }
 
 func TestTenantsNeverCollide(t *testing.T) {

@@ -151,7 +151,8 @@ SELECT lease.live, ahead.ahead, ins.created_at, ins.expires_at,
 	// database's clock, the one that set expires_at.
 	pgGetSQL = `
 SELECT fingerprint, state, coalesce(status_code, 0), coalesce(response_raw, convert_to(response::text, 'UTF8')),
-       coalesce(content_type, ''), resource_id, created_at, expires_at, expires_at <= now()
+       coalesce(content_type, ''), resource_id, created_at, expires_at, expires_at <= now(),
+       response_raw IS NULL AND response IS NOT NULL
   FROM idempotency_keys
  WHERE scoped_key = $1`
 
@@ -393,7 +394,7 @@ func (p *Postgres) get(ctx context.Context, key string) (idempotency.Entry, erro
 	var created, expires pgtype.Timestamptz
 	var ended bool
 	err := p.queryRow(ctx, func(row pgx.Row) error {
-		return row.Scan(&e.Fingerprint, &state, &status, &response, &e.ContentType, &e.ResourceID, &created, &expires, &ended)
+		return row.Scan(&e.Fingerprint, &state, &status, &response, &e.ContentType, &e.ResourceID, &created, &expires, &ended, &e.BodyIsJSONB)
 	}, pgGetSQL, key)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -5,6 +5,7 @@ package resourceid
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -24,4 +25,37 @@ func SplitPath(path string) ([]string, error) {
 		}
 	}
 	return segs, nil
+}
+
+// Find returns the string at path in v (a JSON document decoded into any,
+// objects as map[string]any), as PostgreSQL's jsonb #>> reads the one the
+// sweeper archives: a segment names an object's member, or an array's
+// element by its index (negative from the end, "+1" and "01" as 1); a path
+// that leads nowhere, or to anything but a string, finds nothing. Before
+// the sweep and after it, a retry is answered with the same id.
+func Find(v any, path []string) (string, bool) {
+	for _, seg := range path {
+		switch x := v.(type) {
+		case map[string]any:
+			v = x[seg]
+		case []any:
+			// PostgreSQL reads the index with strtol, base 10, as a
+			// 32-bit integer; SplitPath has refused blanks around it.
+			i, err := strconv.ParseInt(seg, 10, 32)
+			if err != nil {
+				return "", false
+			}
+			if i < 0 {
+				i += int64(len(x))
+			}
+			if i < 0 || i >= int64(len(x)) {
+				return "", false
+			}
+			v = x[i]
+		default:
+			return "", false
+		}
+	}
+	s, ok := v.(string)
+	return s, ok
 }
