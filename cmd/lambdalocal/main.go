@@ -714,6 +714,13 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 		if err := checkNoSecretKey(dsn.dsn, dsn.keys); err != nil {
 			return err
 		}
+		// A password encoded together with the user name
+		// (urlencode(user + ":" + password), user=app:pw) is no password
+		// key to strip: the functions refuse such a string
+		// (database.Config), and the template must not carry it.
+		if cc, err := pgconn.ParseConfig(dsn.dsn); err == nil && strings.ContainsRune(cc.User, ':') {
+			return errors.New("refusing to write the template: DATABASE_URL's user name holds ':' (a password encoded together with it?): give user and password apart, user:password@host, each percent-encoded on its own")
+		}
 	}
 	// The timeouts are read with the functions' own rules, alone: the
 	// rest of the shell's settings are checked where they are used.

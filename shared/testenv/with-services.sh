@@ -301,6 +301,11 @@ start_postgres() {
 	# account on the machine could sign in as its superuser and run programs
 	# as the cluster's owner (COPY ... TO PROGRAM).
 	pg_sock=${pg_dir}/sock
+	# postgresql.conf quotes the value, and reads it as a list split at
+	# commas: say so rather than start a cluster listening elsewhere.
+	case ${pg_sock} in
+	*[\'\",\\]*) die "the temporary directory ${pg_sock} holds a quote, a comma or a backslash, which PostgreSQL's unix_socket_directories cannot take: set TMPDIR to a directory without them" ;;
+	esac
 	mkdir -m 700 -- "${pg_sock}"
 	${is_root} && chown "${PG_USER}:" "${pg_sock}"
 

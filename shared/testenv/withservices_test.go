@@ -162,3 +162,22 @@ func TestAnOddTMPDIRGivesAWorkingURL(t *testing.T) {
 	require.NoError(t, given.Run())
 	require.Equal(t, "[]", strings.TrimSpace(out.String()))
 }
+
+// A TMPDIR whose path postgresql.conf's quoted, comma-separated
+// unix_socket_directories cannot hold is refused, saying why.
+func TestATMPDIRTheSocketSettingCannotHoldIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"a,b", "q'x", `dq"x`, `bs\x`} {
+		tmp, err := os.MkdirTemp("", name)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+		require.NoError(t, os.Chmod(tmp, 0o755))
+		var stderr bytes.Buffer
+		cmd := withServices(t, []string{"TMPDIR=" + tmp}, "echo ran")
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		require.Error(t, err, name)
+		require.NotContains(t, string(out), "ran", name)
+		require.Contains(t, stderr.String(), "which PostgreSQL's unix_socket_directories cannot take: set TMPDIR", name)
+	}
+}
