@@ -30,6 +30,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/lookupapi"
+	"github.com/idemarchive/idemarchive/shared/problem"
 	"github.com/idemarchive/idemarchive/shared/strictjson"
 )
 
@@ -124,7 +125,13 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 		// the function fails.
 		return archive.Record{}, fmt.Errorf("%w: function error %s: %s", ErrUnavailable, clip(*out.FunctionError), clip(string(out.Payload)))
 	}
-	return readAnswer(out.Payload, scopedKey)
+	rec, err := readAnswer(out.Payload, scopedKey)
+	if fingerprint == nil {
+		// Nothing was compared: a match the answer claims (another
+		// version's, a stub's) proves nothing.
+		rec.FingerprintMatch = nil
+	}
+	return rec, err
 }
 
 // misconfiguredCodes are the Invoke errors that every later call gets too,
@@ -143,7 +150,10 @@ var misconfiguredCodes = []string{
 	"InvalidRequestContentException",
 	"KMSAccessDeniedException",
 	"KMSDisabledException",
+	"KMSInvalidStateException",
 	"KMSNotFoundException",
+	"EC2AccessDeniedException",
+	"UnsupportedMediaTypeException",
 	"InvalidRuntimeException",
 	"InvalidZipFileException",
 	"InvalidSubnetIDException",
@@ -183,6 +193,10 @@ type answer struct {
 	Page    json.RawMessage `json:"page"`
 	Problem json.RawMessage `json:"problem"`
 }
+
+// notFoundType is the problem type of the lookup function's not-found
+// answer.
+var notFoundType = problem.New(http.StatusNotFound, "key_not_found", "").Type
 
 // recordMembers are the members every archive.Record answer carries (its
 // times and resource id may be null, never absent).
@@ -224,7 +238,11 @@ func readAnswer(payload []byte, scopedKey string) (archive.Record, error) {
 			return archive.Record{}, fmt.Errorf("%w: unreadable problem: %w", ErrUnavailable, err)
 		}
 		switch {
-		case *a.Status == http.StatusNotFound && p.Code == "key_not_found":
+		case *a.Status == http.StatusNotFound && p.Code == "key_not_found" &&
+			(p.Status == 0 || p.Status == http.StatusNotFound) && (p.Type == "" || p.Type == notFoundType):
+			// Not found only where every part of the answer says so: one
+			// whose problem says another status or type (a proxy's, a
+			// stub's) is no answer to run the request on.
 			return archive.Record{}, archive.ErrNotFound
 		case *a.Status >= 400 && *a.Status < 500 && p.Code != "key_not_found":
 			// The key was checked as the function checks it before it was
@@ -252,6 +270,17 @@ func readRecord(raw json.RawMessage, scopedKey string) (archive.Record, error) {
 			// expired before it completed (status 0), which a client
 			// may read as "never charged" and charge again.
 			return archive.Record{}, fmt.Errorf("%w: a record without %s", ErrUnavailable, m)
+		}
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &members); err != nil {
+		return archive.Record{}, fmt.Errorf("%w: unreadable record: %w", ErrUnavailable, err)
+	}
+	for _, m := range []string{"scoped_key", "original_status"} {
+		if !given(members[m]) {
+			// A null original_status would decode as 0, "expired before
+			// it completed", read as above.
+			return archive.Record{}, fmt.Errorf("%w: a record whose %s is null", ErrUnavailable, m)
 		}
 	}
 	switch {

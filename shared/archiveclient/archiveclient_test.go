@@ -103,7 +103,9 @@ func answering(payload string) *function {
 // record without its original_status would be a 409 saying the request
 // never completed (status 0); a record beside a 404, or a status given
 // twice in two letter cases, would be read as not found, and the request
-// would run: each is an answer the function never gives (another version,
+// would run, and so would a 404 whose problem says another status or type;
+// a null original_status would be read as 0: each is an answer the
+// function never gives (another version,
 // a proxy, a stub), so the archive is unavailable, never trusted either way.
 func TestAnswersThatCouldMeanTwoThingsAreNotTrusted(t *testing.T) {
 	t.Parallel()
@@ -127,6 +129,12 @@ func TestAnswersThatCouldMeanTwoThingsAreNotTrusted(t *testing.T) {
 		`{"status":500,"problem":{"code":"key_not_found"}}`,
 		`{"status":200,"problem":{"code":"key_not_found"}}`,
 		`{"status":200,"page":{"records":[]}}`,
+		`{"status":404,"problem":{"type":"urn:idemarchive:problem:unavailable","status":503,"code":"key_not_found"}}`,
+		`{"status":404,"problem":{"status":503,"code":"key_not_found"}}`,
+		`{"status":404,"problem":{"status":200,"code":"key_not_found"}}`,
+		`{"status":404,"problem":{"type":"about:blank","code":"key_not_found"}}`,
+		`{"status":200,"record":{"scoped_key":"idem:v1:k","original_status":null,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
+		`{"status":200,"record":{"scoped_key":null,"original_status":201,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
 		`{"status":200,"record":` + whole + `} trailing`,
 		`{"status":200,"record":{"scoped_key":"idem:v1:\ud800","original_status":201,"resource_id":"ch_1","created_at":null,"expired_at":null}}`,
 	} {
@@ -144,6 +152,9 @@ func TestAnswersThatCouldMeanTwoThingsAreNotTrusted(t *testing.T) {
 	require.True(t, rec.CreatedAt.IsZero())
 	_, err = archiveclient.Lambda{Client: answering(`{"status":404,"problem":{"type":"urn:idemarchive:problem:key_not_found","status":404,"code":"key_not_found","request_id":"r"}}`), FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
 	require.ErrorIs(t, err, archive.ErrNotFound)
+	rec, err = archiveclient.Lambda{Client: answering(`{"status":200,"record":` + whole[:len(whole)-1] + `,"fingerprint_match":false}}`), FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
+	require.NoError(t, err)
+	require.Nil(t, rec.FingerprintMatch, "no fingerprint was sent: a match claimed proves nothing")
 	rec, err = archiveclient.Lambda{Client: answering(`{"status":200,"record":{"scoped_key":"idem:v1:k","original_status":0,"resource_id":null,"created_at":null,"expired_at":null}}`), FunctionName: "lookup"}.Lookup(context.Background(), "idem:v1:k", nil)
 	require.NoError(t, err)
 	require.True(t, rec.InFlight())
