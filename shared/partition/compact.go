@@ -288,6 +288,7 @@ func (m *Manager) dropLeftovers(ctx context.Context, conn *pgx.Conn, tbl table, 
 		if !dryRun {
 			if err := m.dropIndex(ctx, conn, tbl, l.index, max(m.cfg.LockTimeout, m.cfg.StatementTimeout)); err != nil {
 				if ctx.Err() != nil {
+					res.cutShort("compact", l.partition, fmt.Errorf("drop index %s left by an interrupted rebuild: %w (interrupted: the run's context ended)", l.index, err))
 					return append(errs, err)
 				}
 				res.Failed = append(res.Failed, Failure{Action: "compact", Partition: l.partition, Error: err.Error()})
@@ -357,6 +358,7 @@ func (m *Manager) compaction(ctx context.Context, conn *pgx.Conn, tbl table, par
 			timedOut, err := m.compact(ctx, conn, tbl, pk, budget)
 			if err != nil {
 				if ctx.Err() != nil {
+					res.cutShort("compact", p.Name, fmt.Errorf("%w (interrupted: the run's context ended; an invalid index the rebuild left is dropped by the next run)", err))
 					return append(errs, err)
 				}
 				fail(p.Name, err)

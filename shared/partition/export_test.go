@@ -10,3 +10,12 @@ func UncheckedManager(pool *pgxpool.Pool, cfg Config) *Manager {
 
 // MayRetire is the retirement guard.
 var MayRetire = mayRetire
+
+// StageSQL maps each stage a run goes through after its steps to a
+// statement it starts with.
+var StageSQL = map[string]string{
+	"plain keys": untriggeredSQL,
+	"compact":    leftoverSQL,
+	"compaction": pkSQL,
+	"measure":    sizeSQL,
+}

@@ -298,9 +298,16 @@ type Refusal struct {
 // Failure is a step that failed or could not be planned; the run went on with
 // the others.
 type Failure struct {
-	Action    string `json:"action"` // create, reattach, retire
+	Action    string `json:"action"` // create, reattach, retire, finalize, adopt, plain keys, compact, measure
 	Partition string `json:"partition"`
 	Error     string `json:"error"`
+}
+
+// cutShort records in r.Failed the stage (and partition, if any) a run's
+// context ended in, so that a summary names where the run stopped.
+func (r *Result) cutShort(action, partition string, err error) {
+	r.Failed = append(r.Failed, Failure{Action: action, Partition: partition, Error: err.Error()})
+	r.cut = true
 }
 
 // Result reports what a run did (or, in a dry run, would do).
@@ -352,6 +359,8 @@ type Result struct {
 	// ArchiveRows is PostgreSQL's estimate (pg_class.reltuples), refreshed by
 	// autovacuum and ANALYZE; it costs nothing to read.
 	ArchiveRows int64 `json:"archive_rows"`
+
+	cut bool // Failed names where the run's context ended
 }
 
 // ErrRetirementRefused is wrapped by Run's error when the guard refused to
@@ -442,8 +451,8 @@ type planned struct {
 // A step that fails does not stop the others: Run reports it in Result.Failed
 // and returns an error wrapping ErrIncomplete (or ErrRetirementRefused) with
 // the full Result. A cancelled context stops the run.
-func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
-	res := Result{DryRun: dryRun, Created: []string{}, Reattached: []string{}, Retired: []string{}, Finalized: []string{}, Compacted: []string{}, Statements: []string{}}
+func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) {
+	res = Result{DryRun: dryRun, Created: []string{}, Reattached: []string{}, Retired: []string{}, Finalized: []string{}, Compacted: []string{}, Statements: []string{}}
 	conn, err := m.pool.Acquire(ctx)
 	if err != nil {
 		return res, fmt.Errorf("acquire connection: %w", err)
@@ -516,7 +525,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 					// The summary says which step was cut short, and what
 					// it left: the steps after it did not run.
 					err = fmt.Errorf("%w (%s)", err, interrupted(s))
-					res.Failed = append(res.Failed, Failure{Action: s.kind, Partition: s.partition, Error: err.Error()})
+					res.cutShort(s.kind, s.partition, err)
 					return res, err
 				}
 				msg := explain(err, deflt)
@@ -527,6 +536,16 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		}
 		res.record(s)
 	}
+	// A run whose context ends after its steps names in Failed the stage
+	// it ended in (a stage cut in a partition's work names it itself): an
+	// empty Failed beside a context error would read as "every step done".
+	stage := ""
+	defer func() {
+		if err != nil && stage != "" && !res.cut && ctx.Err() != nil {
+			res.cutShort(stage, "", fmt.Errorf("interrupted: %w; the stages after it did not run", ctx.Err()))
+		}
+	}()
+	stage = "adopt"
 	if tbl.adopts {
 		adopted, failed, err := m.adopt(ctx, conn.Conn(), tbl, dryRun)
 		res.Adopted = adopted
@@ -542,6 +561,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrIncomplete, err))
 		}
 	}
+	stage = "plain keys"
 	if !dryRun {
 		// While a recording trigger is broken (reported above), rows it
 		// misses are found only because their ranges are pending: recorded
@@ -572,6 +592,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrIncomplete, err))
 		}
 	}
+	stage = "compact"
 	errs = append(errs, m.dropLeftovers(ctx, conn.Conn(), tbl, dryRun, &res)...)
 	if err := ctx.Err(); err != nil {
 		return res, runError(append(errs, err))
@@ -589,6 +610,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (Result, error) {
 		}
 	}
 
+	stage = "measure"
 	if !dryRun {
 		if parts, err = list(ctx, conn.Conn()); err != nil {
 			return res, err
