@@ -210,8 +210,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case errors.Is(err, flag.ErrHelp):
 		return exitOK
 	default:
-		return fail(err)
+		return fail(unmigrated(args[0], err))
 	}
+}
+
+// unmigrated adds to the error of a command other than migrate that met a
+// table or column missing from the schema it reads (a new database, a
+// search_path naming another schema, an install older than this release)
+// what to do about it.
+func unmigrated(command string, err error) error {
+	switch database.SQLState(err) {
+	case database.CodeUndefinedTable, database.CodeUndefinedColumn, database.CodeUndefinedFunction:
+		if command != "migrate" {
+			return fmt.Errorf("%w: the schema first on DATABASE_URL's search_path is not at this release's version %d: run `archivectl migrate` first, or check the search_path", err, schema.LatestVersion())
+		}
+	}
+	return err
 }
 
 func cmdMigrate(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {

@@ -509,6 +509,7 @@ const (
 	CodeLockNotAvailable      = "55P03" // lock_timeout expired
 	CodeQueryCanceled         = "57014" // statement_timeout expired
 	CodeUndefinedColumn       = "42703"
+	CodeUndefinedFunction     = "42883"
 	CodeUndefinedTable        = "42P01"
 	CodeUniqueViolation       = "23505"
 )
