@@ -1127,32 +1127,24 @@ func storableContentType(ct string) string {
 // short, and the archive keeps it forever.
 const MaxResourceIDBytes = 255
 
-// resourceID reads a string at path in a JSON body, or nil. Numbers are
-// decoded as text, so a number no float can hold (1e1000000) does not hide
-// the id; an id PostgreSQL text cannot hold (a NUL byte), or one longer than
+// resourceID reads a string at path in a JSON body (resourceid.Find), or
+// nil; an id PostgreSQL text cannot hold (a NUL byte), or one longer than
 // MaxResourceIDBytes, is not kept.
 func resourceID(body []byte, path []string) *string {
-	var v any
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if dec.Decode(&v) != nil {
-		return nil
-	}
-	s, ok := resourceid.Find(v, path)
-	return boundedID(s, ok)
+	return boundedID(resourceid.Find(body, path))
 }
 
 // archivedID is the resource id the sweeper archives for e, for an answer
 // before the sweep that is the same as after it: the one recorded, within
 // the archive's bound; for a row with none recorded whose response another
-// writer stored as jsonb, the one at the resource id path, read as jsonb
-// reads it. The sweeper's own path (SWEEP_RESOURCE_ID_PATH) must be this
-// middleware's.
+// writer stored as jsonb (in whatever state: the sweeper reads it in
+// every one), the one at the resource id path, read as jsonb reads it. The
+// sweeper's own path (SWEEP_RESOURCE_ID_PATH) must be this middleware's.
 func (m *Middleware) archivedID(e Entry) *string {
 	if e.ResourceID != nil {
 		return boundedID(*e.ResourceID, true)
 	}
-	if e.State != Completed || !e.BodyIsJSONB {
+	if !e.BodyIsJSONB {
 		return nil
 	}
 	return resourceID(e.Body, m.path)

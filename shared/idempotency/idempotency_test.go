@@ -435,6 +435,12 @@ func TestALateRetryGetsTheSameResourceIDBeforeAndAfterTheSweep(t *testing.T) {
 		{"recorded over the bound", "id", `{"id":"ch_1"}`, `resource_id = repeat('x', 300)`, nil},
 		{"recorded at the bound", "id", `{"id":"ch_1"}`, `resource_id = repeat('x', 255)`, strings.Repeat("x", 255)},
 		{"recorded empty", "id", `{"id":"ch_1"}`, `resource_id = ''`, ""},
+		// Deeper than encoding/json decodes (10,000 levels); jsonb holds it.
+		{"jsonb nested deep", "id", `{"id":"ch_deep","x":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, asJSONB, "ch_deep"},
+		{"jsonb duplicate, the last wins", "id", `{"id":"ch_first","id":"ch_last"}`, asJSONB, "ch_last"},
+		// Another writer's row still in flight with a response: the
+		// sweeper reads the path in every state.
+		{"jsonb in flight", "id", `{"id":"ch_1"}`, `state = 'in_flight', status_code = NULL, ` + asJSONB, "ch_1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
