@@ -36,6 +36,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"strconv"
 	"strings"
 	"sync"
@@ -1052,7 +1053,8 @@ type Query struct {
 	// each rounded up to a whole microsecond. The zero time is 0001-01-01,
 	// as any other.
 	CreatedFrom, CreatedTo time.Time
-	// Limit is the page size. Default 100, at most Config.MaxPageSize.
+	// Limit is the page size: 0 for DefaultPageSize (or
+	// Config.MaxPageSize, if smaller), at most Config.MaxPageSize.
 	Limit int
 	// Cursor continues from a previous Page.NextCursor.
 	Cursor string
@@ -1117,6 +1119,9 @@ func queryID(prefix string, from, to time.Time) string {
 	h.Write([]byte(strconv.FormatInt(from.UnixMicro(), 10) + "," + strconv.FormatInt(to.UnixMicro(), 10)))
 	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:12])
 }
+
+// DefaultPageSize is the page size of a Query that sets none.
+const DefaultPageSize = 100
 
 // maxCursorBytes bounds what decoding a cursor reads. It is not a bound on
 // keys: the archive's schema has none, and btree compresses an index entry
@@ -1235,7 +1240,7 @@ func (r *Reader) investigation(q Query) (investigation, error) {
 		return investigation{}, fmt.Errorf("%w: created_from must be before created_to", ErrInvalidQuery)
 	}
 	if q.Limit == 0 {
-		q.Limit = 100
+		q.Limit = min(DefaultPageSize, r.cfg.MaxPageSize)
 	}
 	if q.Limit < 1 || q.Limit > r.cfg.MaxPageSize {
 		return investigation{}, fmt.Errorf("%w: limit must be between 1 and %d", ErrInvalidQuery, r.cfg.MaxPageSize)
@@ -1273,23 +1278,36 @@ func ceilMicrosecond(t time.Time) time.Time {
 	return t
 }
 
-// cursorBinary is the first byte of a cursor in its binary form: then the
+// cursorChecked is the first byte of a cursor in its binary form: then the
 // expiry in microseconds since 1970 (8 bytes, big-endian, signed), the
-// query id's length (1 byte) and bytes, and the key's bytes, as they are.
-// Base64url makes it about 4/3 of the key: the JSON form (still accepted,
-// from cursors issued before) wrote a byte of key in up to six ('<', a
-// control character), and a page ending on a 2,000-byte key had a 16 KB
-// cursor, past the 10 KB request line API Gateway accepts.
-const cursorBinary = 0x02
+// query id's length (1 byte) and bytes, the key's bytes, as they are, and
+// the CRC-32C of everything before it (4 bytes, big-endian). The checksum
+// refuses a cursor cut short (a copy, a log line) or altered: its key's
+// tail would otherwise read as another key of the prefix, and the next page
+// would list keys again or skip some, without a word. Base64url makes it
+// about 4/3 of the key: the JSON form (still accepted, from cursors issued
+// before) wrote a byte of key in up to six ('<', a control character), and
+// a page ending on a 2,000-byte key had a 16 KB cursor, past the 10 KB
+// request line API Gateway accepts.
+//
+// cursorBinary is the same form without the checksum, as releases before
+// it issued cursors; still accepted.
+const (
+	cursorBinary  = 0x02
+	cursorChecked = 0x03
+)
+
+var cursorCRC = crc32.MakeTable(crc32.Castagnoli)
 
 func encodeCursor(c cursor) string {
 	q := c.Query[:min(len(c.Query), 255)] // queryID's are 16 bytes
-	b := make([]byte, 0, 10+len(q)+len(c.Key))
-	b = append(b, cursorBinary)
+	b := make([]byte, 0, 14+len(q)+len(c.Key))
+	b = append(b, cursorChecked)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.ExpiredAt.UnixMicro()))
 	b = append(b, byte(len(q)))
 	b = append(b, q...)
 	b = append(b, c.Key...)
+	b = binary.BigEndian.AppendUint32(b, crc32.Checksum(b, cursorCRC))
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -1299,7 +1317,14 @@ func decodeCursor(s string) (cursor, error) {
 		return cursor{}, ErrInvalidCursor
 	}
 	var c cursor
-	if b[0] == cursorBinary {
+	if b[0] == cursorChecked {
+		n := len(b) - 4
+		if n < 1 || binary.BigEndian.Uint32(b[n:]) != crc32.Checksum(b[:n], cursorCRC) {
+			return cursor{}, ErrInvalidCursor
+		}
+		b = b[:n]
+	}
+	if b[0] == cursorBinary || b[0] == cursorChecked {
 		// Every binary cursor was issued with its query's id: one without
 		// would continue any query of a prefix its key starts with, the
 		// leniency kept for JSON cursors of releases before query ids.

@@ -2,6 +2,7 @@ package archive_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -62,4 +63,26 @@ func TestABinaryCursorWithoutQueryIDIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, archive.ErrInvalidCursor, "a binary cursor naming no query continued a query it was not issued by")
 	_, _, err = archive.DecodeCursor(c)
 	require.ErrorIs(t, err, archive.ErrInvalidCursor)
+}
+
+// A query that sets no page size gets DefaultPageSize, or the Reader's
+// MaxPageSize where that is smaller: never refused for a limit it did not
+// send.
+func TestAQueryWithoutALimitFitsASmallMaxPageSize(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	x := time.Date(2026, 11, 10, 10, 0, 0, 0, time.UTC)
+	for i := range 3 {
+		dbtest.InsertArchive(t, b.db.Pool, dbtest.ArchiveRow{Key: fmt.Sprintf("idem:v1:mp:%d", i), Status: 201, CreatedAt: x, ExpiredAt: x.Add(24 * time.Hour)})
+	}
+	r, err := archive.NewReader(b.reader, archive.Config{MaxPageSize: 2, Now: func() time.Time { return now }}, nil)
+	require.NoError(t, err)
+	q := archive.Query{ScopePrefix: "idem:v1:mp:", CreatedFrom: x.Add(-time.Hour), CreatedTo: x.Add(time.Hour)}
+	page, err := r.Investigate(context.Background(), q)
+	require.NoError(t, err, "a query without a limit")
+	require.Len(t, page.Records, 2)
+	require.NotEmpty(t, page.NextCursor)
+	q.Limit = 3
+	_, err = r.Investigate(context.Background(), q)
+	require.ErrorIs(t, err, archive.ErrInvalidQuery, "a limit over the maximum, sent")
 }
