@@ -57,7 +57,7 @@ commands:
                               look up one scoped key (exit 1 when not found)
   query --scope-prefix P --created-from T --created-to T [--limit N] [--cursor C]
                               list archived keys for an investigation
-  verify [--recent D]         the runbook's four checks and the recording check (exit 1 when one fails)
+  verify [--recent D]         the runbook's four checks, the recording check and the tables' integrity (exit 1 when one fails)
   redis-reconcile [--redis-url URL] [--prefix P] [--dry-run]
                               archive the Redis store's completed keys kept
                               without expiry and give them back their expiry

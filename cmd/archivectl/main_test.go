@@ -119,7 +119,7 @@ func TestRunbookEndToEnd(t *testing.T) {
 
 	r = cli(t, db, nil, "verify")
 	require.Equal(t, exitOK, r.code, r.stdout)
-	require.Equal(t, 5, strings.Count(r.stdout, "PASS"))
+	require.Equal(t, 6, strings.Count(r.stdout, "PASS"))
 
 	// lookup: found (exit 0) with fingerprint match, not found (exit 1)
 	fp := hex.EncodeToString(dbtest.Fingerprint("idem:v1:probe"))

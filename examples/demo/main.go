@@ -209,7 +209,7 @@ func (d *demo) steps(ctx context.Context) bool {
 
 	// 9. archivectl verify.
 	out, err := d.archivectl(ctx, "verify")
-	d.check(err == nil, "archivectl verify: the runbook's four checks and the recording check", out)
+	d.check(err == nil, "archivectl verify: the runbook's four checks, the recording check and the tables' integrity", out)
 	return true
 }
 

@@ -1,4 +1,4 @@
-// Package verify runs the runbook's four verification checks, and a fifth of its own, against a live
+// Package verify runs the runbook's four verification checks, and two of its own, against a live
 // database: the expired backlog is zero, recent archive rows exist, the archive
 // has no column able to hold a payload, and partitions exist at least two
 // months ahead. A DEFAULT partition (added by hand) fails the partitions
@@ -12,13 +12,18 @@
 // attached by hand is not adopted yet, or lacks the recording triggers
 // (partition.ListUnrecorded): such a lookup can answer not found for a key
 // whose row is in the archive.
+//
+// A sixth holds what keeps the rows and the skip's guarantee: the tables'
+// shape (schema.Mismatches), the live table's triggers, its expiry index,
+// no UNLOGGED table, and no write or DDL privilege for PUBLIC or the reader
+// role (integrity.sql).
 package verify
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +32,7 @@ import (
 
 	"github.com/idemarchive/idemarchive/shared/database"
 	"github.com/idemarchive/idemarchive/shared/partition"
+	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
 // Check is the outcome of one verification.
@@ -51,8 +57,26 @@ type Options struct {
 	InFlightGrace time.Duration
 }
 
-// archiveColumns is the archive's whole, payload-free column set.
-var archiveColumns = []string{"created_at", "expired_at", "fingerprint", "resource_id", "scoped_key", "status_code"}
+// archiveColumns is the archive's whole, payload-free column set, each of
+// its type: a column retyped (status_code to text, resource_id to xml or a
+// domain over jsonb) could hold a payload under its name.
+var archiveColumns = map[string]string{
+	"created_at":  "timestamp with time zone",
+	"expired_at":  "timestamp with time zone",
+	"fingerprint": "bytea",
+	"resource_id": "text",
+	"scoped_key":  "text",
+	"status_code": "smallint",
+}
+
+// clockSQL reads the database's clock as microseconds since 1970: a number
+// reads the same in every exec mode, where a timestamp read as text (the
+// exec and simple_protocol modes, as through RDS Proxy) parses only under
+// DateStyle ISO.
+const clockSQL = "SELECT (extract(epoch FROM now()) * 1000000)::int8"
+
+//go:embed integrity.sql
+var integritySQL string
 
 // Run performs the checks. An error means a check could not run at all.
 func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error) {
@@ -62,8 +86,12 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	var now time.Time
 	if opts.Now != nil {
 		now = opts.Now()
-	} else if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
-		return nil, fmt.Errorf("read the database's clock: %w", err)
+	} else {
+		var micros int64
+		if err := pool.QueryRow(ctx, clockSQL).Scan(&micros); err != nil {
+			return nil, fmt.Errorf("read the database's clock: %w", err)
+		}
+		now = time.UnixMicro(micros)
 	}
 	var checks []Check
 
@@ -76,13 +104,16 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	checks = append(checks, Check{"expired backlog is zero", backlog == 0, fmt.Sprintf("%d expired live rows", backlog)})
 
 	var recent int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_key_archive WHERE expired_at > $1`, now.Add(-opts.Recent)).Scan(&recent); err != nil {
+	// Rows a Redis store archives at completion carry the end of their
+	// window, in the future: they show no sweep.
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_key_archive WHERE expired_at > $1 AND expired_at <= $2`,
+		now.Add(-opts.Recent), now).Scan(&recent); err != nil {
 		return nil, fmt.Errorf("count recent archive rows: %w", err)
 	}
 	checks = append(checks, Check{"recent archive rows exist", recent > 0, fmt.Sprintf("%d rows expired in the last %s", recent, shortDuration(opts.Recent))})
 
 	rows, err := pool.Query(ctx, `
-		SELECT attname, format_type(atttypid, atttypmod)
+		SELECT attname, format_type(atttypid, NULL)
 		  FROM pg_attribute
 		 WHERE attrelid = to_regclass('idempotency_key_archive') AND attnum > 0 AND NOT attisdropped
 		 ORDER BY attname`)
@@ -97,7 +128,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	var names, extra []string
 	for _, c := range cols {
 		names = append(names, c.Name)
-		if !slices.Contains(archiveColumns, c.Name) || strings.HasPrefix(c.Type, "json") {
+		if typ, ok := archiveColumns[c.Name]; !ok || c.Type != typ {
 			extra = append(extra, c.Name+" "+c.Type)
 		}
 	}
@@ -185,7 +216,39 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Check, error)
 	if err != nil {
 		return nil, err
 	}
+	checks = append(checks, check)
+
+	check, err = intact(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	return append(checks, check), nil
+}
+
+// intact checks that the tables are as migrate made them: the shape the
+// sweeper, the live stores and lookups rely on (schema.Mismatches), and
+// what keeps their rows (integrity.sql says why each matters).
+func intact(ctx context.Context, pool *pgxpool.Pool) (Check, error) {
+	const name = "tables are as migrate made them"
+	problems, err := schema.Mismatches(ctx, pool)
+	if err != nil {
+		return Check{}, err
+	}
+	rows, err := pool.Query(ctx, integritySQL)
+	if err != nil {
+		return Check{}, fmt.Errorf("read table integrity: %w", err)
+	}
+	more, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return Check{}, fmt.Errorf("read table integrity: %w", err)
+	}
+	problems = append(problems, more...)
+	if len(problems) == 0 {
+		return Check{name, true, "shape, triggers, expiry index, durability and privileges as migrated"}, nil
+	}
+	// Nothing here is the manager's to repair: each was done by hand or
+	// by another tool, and is undone by hand.
+	return Check{name, false, strings.Join(problems, "; ") + " (repair by hand: ALTER TABLE ... SET LOGGED, ENABLE TRIGGER, CREATE INDEX, REVOKE)"}, nil
 }
 
 // recorded checks that lookups of keys without a timestamp find every
