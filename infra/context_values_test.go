@@ -73,3 +73,16 @@ func TestEveryContextValueSetIsHonouredOrRefused(t *testing.T) {
 		"codeDir": code, "aurora": true, "multiAz": false, "auroraMinCapacity": float64(1), "auroraMaxCapacity": float64(8), "alarmEmail": "oncall@example.com",
 	}))
 }
+
+// An alarmEmail that is no address, or several in one (what an operator
+// paging two people tries), is refused at synth naming the setting and the
+// way to page several people: SNS would refuse the subscription at deploy,
+// rolling the deploy back.
+func TestAnAlarmEmailThatIsNotOneAddressIsRefused(t *testing.T) {
+	code := placeholderZips(t)
+	for _, email := range []string{"oncall", "@", "oncall@example.com,second@example.com", "oncall@example.com second@example.com", "On Call <oncall@example.com>"} {
+		err := run(t.TempDir(), map[string]any{"codeDir": code, "alarmEmail": email})
+		require.ErrorContains(t, err, "(context alarmEmail) must be one e-mail address", "%q", email)
+		require.ErrorContains(t, err, "alarmTopicArn", "%q", email)
+	}
+}

@@ -60,7 +60,7 @@ func TestInvestigationsAreThrottledOnTheirOwn(t *testing.T) {
 		"APIInvestigationBurstLimit must be a whole":                 {CodeDir: code, APIInvestigationBurstLimit: 2.5},
 		"APIInvestigationRateLimit must be a positive finite number": {CodeDir: code, APIInvestigationRateLimit: -1},
 	} {
-		require.ErrorContains(t, p.withDefaults().validate(), want)
+		require.ErrorContains(t, p.validate(), want)
 	}
 }
 

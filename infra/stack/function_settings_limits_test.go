@@ -37,7 +37,7 @@ func TestASubSecondPartitionStatementTimeoutSynthesizes(t *testing.T) {
 	mutate := func(p *Props) { p.PartitionStatementTimeout = 3*time.Minute + 500*time.Millisecond }
 	p := Props{CodeDir: placeholderCode(t)}
 	mutate(&p)
-	require.NoError(t, p.withDefaults().validate(), "validate accepts it")
+	require.NoError(t, p.validate(), "validate accepts it")
 	b, err := synthRecovering(t, mutate)
 	require.NoError(t, err, "a value validate() accepts must synthesize")
 	got := b.json.Resources[b.functionID(t, "partitions")].Properties["Timeout"]
@@ -49,10 +49,10 @@ func TestASubSecondPartitionStatementTimeoutSynthesizes(t *testing.T) {
 // timeout deployed a 5-minute function whose DDL could run 10 minutes.
 func TestThePartitionsTimeoutCoversALongLockTimeout(t *testing.T) {
 	p := Props{CodeDir: placeholderCode(t), PartitionLockTimeout: 10 * time.Minute}
-	require.NoError(t, p.withDefaults().validate(), "validate accepts it")
+	require.NoError(t, p.validate(), "validate accepts it")
 	require.Equal(t, 12*time.Minute, p.partitionsTimeout())
 	p.PartitionLockTimeout = MaxPartitionStatementTimeout + time.Second
-	require.ErrorContains(t, p.withDefaults().validate(), "PartitionLockTimeout must be at most 13m0s")
+	require.ErrorContains(t, p.validate(), "PartitionLockTimeout must be at most 13m0s")
 	p.PartitionLockTimeout = 10 * time.Minute
 	longest := max(p.PartitionLockTimeout, 2*time.Minute) // dropIndex's statement_timeout
 	require.GreaterOrEqual(t, p.partitionsTimeout(), longest+partitionsSlack,
@@ -65,8 +65,8 @@ func TestThePartitionsTimeoutCoversALongLockTimeout(t *testing.T) {
 func TestAResourceIDPathTooLongForLambdaIsRefusedAtSynth(t *testing.T) {
 	path := strings.Repeat("a.", 2500) + "id"
 	p := Props{CodeDir: placeholderCode(t), SweepResourceIDPath: path}
-	require.ErrorContains(t, p.withDefaults().validate(), "over the 3328 Lambda accepts")
+	require.ErrorContains(t, p.validate(), "over the 3328 Lambda accepts")
 	// AND a long path that fits is accepted
 	p.SweepResourceIDPath = strings.Repeat("a.", 1000) + "id"
-	require.NoError(t, p.withDefaults().validate())
+	require.NoError(t, p.validate())
 }

@@ -61,7 +61,7 @@ func TestFunctionSettingsPropsAreValidatedAtSynth(t *testing.T) {
 	validate := func(mutate func(*Props)) error {
 		p := Props{CodeDir: code}
 		mutate(&p)
-		return p.withDefaults().validate()
+		return p.validate()
 	}
 	for name, c := range map[string]struct {
 		mutate func(*Props)

@@ -216,6 +216,17 @@ func newFunction(scope constructs.Construct, net *Network, db *Database, p Props
 	return fn
 }
 
+// invokeConfig is fn's AWS::Lambda::EventInvokeConfig: the retries, event
+// age and failure destination of its asynchronous invocations, which the
+// CDK builds as fn's child "EventInvokeConfig" from fnSpec.async. It is a
+// resource of its own, so whatever invokes fn asynchronously depends on it:
+// an invocation before it exists gets Lambda's defaults (2 retries, events
+// kept 6 hours, no failure destination). It panics for a function without
+// one, a mistake in this package.
+func invokeConfig(fn awslambda.Function) constructs.IConstruct {
+	return fn.Node().FindChild(jsii.String("EventInvokeConfig"))
+}
+
 func titled(s string) string { return string(s[0]-'a'+'A') + s[1:] }
 
 func stringMap(m map[string]string) *map[string]*string {

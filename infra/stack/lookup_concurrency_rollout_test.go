@@ -64,7 +64,7 @@ func TestGrantLookupInvokeKeepsCallersOfEitherName(t *testing.T) {
 // runs) and leaves nothing past the provisioned instances: refused.
 func TestProvisionedAsMuchAsReservedIsRefused(t *testing.T) {
 	p := Props{CodeDir: placeholderCode(t), LookupReservedConcurrency: new(3), LookupProvisionedConcurrency: 3}
-	require.ErrorContains(t, p.withDefaults().validate(), "less than LookupReservedConcurrency")
+	require.ErrorContains(t, p.validate(), "less than LookupReservedConcurrency")
 }
 
 // Invocations past the provisioned instances run on new ones, cold, the

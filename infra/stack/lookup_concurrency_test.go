@@ -76,7 +76,7 @@ func TestLookupConcurrencyIsValidatedAtSynth(t *testing.T) {
 		"provisioned without a reservation": {nil, 2, ""},
 	} {
 		p := Props{CodeDir: code, LookupReservedConcurrency: c.reserved, LookupProvisionedConcurrency: c.provisioned}
-		err := p.withDefaults().validate()
+		err := p.validate()
 		if c.want == "" {
 			require.NoError(t, err, name)
 			continue

@@ -63,8 +63,10 @@ func NewMigration(scope constructs.Construct, id string, net *Network, db *Datab
 		ServiceTimeout: awscdk.Duration_Minutes(jsii.Number(serviceTimeoutMinutes)),
 	})
 	// The function connects through the proxy once the proxy has its target,
-	// and answers through the S3 gateway endpoint.
-	res.Node().AddDependency(db.Construct, net.Construct)
+	// and answers through the S3 gateway endpoint. CloudFormation invokes it
+	// only once its no-retry setting exists: on a new stack, a failed Create
+	// would otherwise be retried by Lambda after CloudFormation gave up.
+	res.Node().AddDependency(db.Construct, net.Construct, invokeConfig(fns.Migrate))
 	return &Migration{Construct: c, Resource: res}, nil
 }
 

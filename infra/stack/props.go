@@ -8,9 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 
@@ -103,7 +106,9 @@ type Props struct {
 	LookupProvisionedConcurrency int
 
 	// AlarmEmail, when set, is subscribed to the alarm topic the stack
-	// creates (it must confirm the subscription).
+	// creates (it must confirm the subscription). One address: for several
+	// recipients, subscribe them to a topic of your own and set
+	// AlarmTopicArn.
 	AlarmEmail string
 	// AlarmTopicArn sends every alarm to an existing SNS topic instead of a
 	// topic the stack creates. AlarmEmail must then be empty.
@@ -122,7 +127,8 @@ type Props struct {
 	ArchiveBytesPerRowBaseline float64
 
 	// InstanceType is the RDS instance class without its "db." prefix.
-	// Default t4g.small. Ignored with Aurora.
+	// Default t4g.small. Refused with Aurora (the cluster is sized by
+	// AuroraMinCapacity and AuroraMaxCapacity).
 	InstanceType string
 	// DeletionProtection protects the database (and keeps a snapshot when the
 	// stack is deleted). Default true.
@@ -134,7 +140,7 @@ type Props struct {
 	// RDS instance, for archives that outgrow one instance's storage and I/O.
 	Aurora bool
 	// AuroraMinCapacity and AuroraMaxCapacity bound the cluster's ACUs.
-	// Defaults 0.5 and 4.
+	// Defaults 0.5 and 4. Refused without Aurora.
 	AuroraMinCapacity, AuroraMaxCapacity float64
 	// RotateMasterSecret rotates the generated master password every 30 days
 	// with the AWS-provided rotation function. Default true (LocalStack sets
@@ -233,8 +239,11 @@ func (p Props) withDefaults() Props {
 	return p
 }
 
-// validate checks p (after defaults) before anything is built, so that a bad
-// value fails the synth with a message naming it rather than a deploy.
+// validate checks p as given, before anything is built, so that a bad value
+// fails the synth with a message naming it rather than a deploy. Whether a
+// setting is used is judged on the value given, the rest with the defaults
+// filled in (withDefaults fills InstanceType and the Aurora capacities
+// whatever the deployment, so it would hide a value the caller set).
 func (p Props) validate() error {
 	if p.CodeDir == "" {
 		return errors.New("CodeDir is required: the directory holding <function>.zip (make build writes bin/)")
@@ -246,13 +255,27 @@ func (p Props) validate() error {
 		}
 	}
 	// A setting the deployment would not use is refused, never deployed
-	// as if honoured.
-	if p.Aurora && p.MultiAZ {
+	// as if honoured: stack.New's callers get what the context's get from
+	// propsFromContext.
+	switch {
+	case p.Aurora && p.InstanceType != "":
+		return fmt.Errorf("InstanceType %q is not used with Aurora (a Serverless v2 cluster is sized by AuroraMinCapacity and AuroraMaxCapacity): leave it empty", p.InstanceType)
+	case p.Aurora && p.MultiAZ:
 		return errors.New("MultiAZ is not used with Aurora (one Serverless v2 writer, no reader): leave it false")
-	}
-	if p.AlarmTopicArn != "" && p.AlarmEmail != "" {
+	case !p.Aurora && p.AuroraMinCapacity != 0:
+		return fmt.Errorf("AuroraMinCapacity %v is used only with Aurora: leave it 0", p.AuroraMinCapacity)
+	case !p.Aurora && p.AuroraMaxCapacity != 0:
+		return fmt.Errorf("AuroraMaxCapacity %v is used only with Aurora: leave it 0", p.AuroraMaxCapacity)
+	case p.AlarmTopicArn != "" && p.AlarmEmail != "":
 		return errors.New("AlarmEmail is not subscribed with AlarmTopicArn set (the stack creates no topic then): subscribe it to that topic, or leave AlarmTopicArn empty")
 	}
+	if p.AlarmEmail != "" && !oneAddress(p.AlarmEmail) {
+		// SNS would refuse the subscription at deploy ("Invalid parameter:
+		// Email address"), rolling the whole deploy back.
+		return fmt.Errorf("AlarmEmail (context alarmEmail) must be one e-mail address, name@domain, with no blanks, commas, semicolons or angle brackets, got %q: "+
+			"for several recipients, subscribe them to a topic of your own and set AlarmTopicArn (context alarmTopicArn) instead", p.AlarmEmail)
+	}
+	p = p.withDefaults()
 	if p.SweepInterval%time.Minute != 0 || p.SweepInterval < 2*time.Minute || p.SweepInterval > time.Hour {
 		return fmt.Errorf("SweepInterval must be whole minutes from 2 to 60, got %s", p.SweepInterval)
 	}
@@ -354,6 +377,21 @@ func (p Props) validate() error {
 // bytes-per-row alarm's threshold is a multiple of it, which must stay a
 // finite number.
 const MaxArchiveBytesPerRowBaseline = 100_000
+
+// oneAddress reports whether s is one e-mail address as an SNS email
+// subscription takes it: exactly one '@', a local part, and a domain of
+// non-empty dot-separated labels, without blanks, control characters or the
+// separators of an address list (',', ';', '<', '>'). It refuses what an
+// operator paging two people would try; SNS judges the rest.
+func oneAddress(s string) bool {
+	local, domain, ok := strings.Cut(s, "@")
+	if !ok || local == "" || strings.Contains(domain, "@") || slices.Contains(strings.Split(domain, "."), "") {
+		return false
+	}
+	return !strings.ContainsFunc(s, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r) || strings.ContainsRune(",;<>", r) || r == utf8.RuneError
+	})
+}
 
 // instanceClass matches an RDS instance class without its db. prefix.
 var instanceClass = regexp.MustCompile(`^[a-z][a-z0-9-]*\.[a-z0-9]+$`)

@@ -51,5 +51,9 @@ func NewSchedules(scope constructs.Construct, id string, fns *Functions, p Props
 		Schedule: awsevents.Schedule_Cron(&awsevents.CronOptions{Minute: jsii.String("17"), Hour: jsii.String("3")}),
 		Targets:  &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(fns.Partitions, deliver)},
 	})
+	// No event before the function's retries and failure destination
+	// exist: a first run on a new stack would get Lambda's defaults.
+	s.Sweep.Node().AddDependency(invokeConfig(fns.Sweep))
+	s.Partitions.Node().AddDependency(invokeConfig(fns.Partitions))
 	return s
 }

@@ -46,10 +46,10 @@ type Stack struct {
 
 // New validates p and builds the stack.
 func New(scope constructs.Construct, id string, p Props) (*Stack, error) {
-	p = p.withDefaults()
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
+	p = p.withDefaults()
 	sprops := p.StackProps
 	if sprops.Description == nil {
 		sprops.Description = jsii.String("Idempotency key archive: sweep, partitions and lookup functions on RDS PostgreSQL")
