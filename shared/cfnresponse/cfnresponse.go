@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-lambda-go/cfn"
@@ -37,16 +38,18 @@ type Options struct {
 	// settings from the environment), each attempt bounded by
 	// AttemptTimeout.
 	Client *http.Client
-	// AttemptTimeout bounds each PUT. Default DefaultAttemptTimeout.
+	// AttemptTimeout bounds each PUT. Default (zero or less)
+	// DefaultAttemptTimeout.
 	AttemptTimeout time.Duration
 	// Attempts is how many times the PUT is tried before the answer is
-	// given up. Default 3.
+	// given up. Default (zero or less) 3: an answer is always tried.
 	Attempts int
 	// Logger receives a handler's panic, with its stack. Default
 	// slog.Default().
 	Logger *slog.Logger
 	// SendMargin is kept free for the answer before the invocation's
-	// deadline: the handler's context ends that much earlier. Default
+	// deadline: the handler's context ends that much earlier. Default (zero
+	// or less: a margin past the deadline leaves no time to answer)
 	// DefaultSendMargin.
 	SendMargin time.Duration
 }
@@ -63,9 +66,9 @@ const MaxResponseBytes = 4096
 // error's text as the reason (also when fn panics). It returns an error only
 // when the answer could not be delivered, without the URL's query string.
 func Wrap(fn cfn.CustomResourceFunction, opts Options) func(context.Context, cfn.Event) error {
-	opts.AttemptTimeout = cmp.Or(opts.AttemptTimeout, DefaultAttemptTimeout)
-	opts.Attempts = cmp.Or(opts.Attempts, 3)
-	opts.SendMargin = cmp.Or(opts.SendMargin, DefaultSendMargin)
+	opts.AttemptTimeout = orDefault(opts.AttemptTimeout, DefaultAttemptTimeout)
+	opts.Attempts = orDefault(opts.Attempts, 3)
+	opts.SendMargin = orDefault(opts.SendMargin, DefaultSendMargin)
 	if opts.Client == nil {
 		opts.Client = &http.Client{
 			Transport: http.DefaultTransport.(*http.Transport).Clone(),
@@ -164,6 +167,14 @@ func encode(resp *cfn.Response, fallbackID string) ([]byte, error) {
 	return body, nil
 }
 
+// orDefault is v, or def where v is zero or less.
+func orDefault[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
 // run calls fn, turning its error or panic into a FAILED status.
 func run(ctx context.Context, fn cfn.CustomResourceFunction, ev cfn.Event, log *slog.Logger) (id string, data map[string]any, status cfn.StatusType, reason string) {
 	defer func() {
@@ -174,7 +185,9 @@ func run(ctx context.Context, fn cfn.CustomResourceFunction, ev cfn.Event, log *
 	}()
 	id, data, err := fn(ctx, ev)
 	if err != nil {
-		return id, nil, cfn.StatusFailed, err.Error()
+		// CloudFormation shows the reason as the resource's failure: never
+		// none.
+		return id, nil, cfn.StatusFailed, cmp.Or(strings.TrimSpace(err.Error()), "the function failed without saying why")
 	}
 	return id, data, cfn.StatusSuccess, ""
 }

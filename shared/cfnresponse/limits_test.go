@@ -201,3 +201,30 @@ func TestNoResponseURLLeaks(t *testing.T) {
 		}
 	}
 }
+
+// Options under zero are the defaults: a negative Attempts never means
+// "send no answer", a negative timeout or margin never leaves none.
+func TestOptionsUnderZeroAreTheDefaults(t *testing.T) {
+	t.Parallel()
+	c := newRawCF(t)
+	h := cfnresponse.Wrap(func(context.Context, cfn.Event) (string, map[string]any, error) { return "id", nil, nil },
+		cfnresponse.Options{Attempts: -1, AttemptTimeout: -time.Second, SendMargin: -time.Hour})
+	require.NoError(t, h(context.Background(), eventFor(c.srv.URL)))
+	require.Equal(t, 1, c.n(), "the answer reached CloudFormation")
+}
+
+// A failure whose error says nothing still gives CloudFormation a reason.
+func TestAFailureWithAnEmptyErrorHasAReason(t *testing.T) {
+	t.Parallel()
+	for _, text := range []string{"", " \n"} {
+		c := newRawCF(t)
+		h := cfnresponse.Wrap(func(context.Context, cfn.Event) (string, map[string]any, error) { return "", nil, errors.New(text) },
+			cfnresponse.Options{})
+		require.NoError(t, h(context.Background(), eventFor(c.srv.URL)))
+		require.Equal(t, 1, c.n())
+		var r cfn.Response
+		require.NoError(t, json.Unmarshal(c.bodies[0], &r))
+		require.Equal(t, cfn.StatusFailed, r.Status)
+		require.Equal(t, "the function failed without saying why", r.Reason)
+	}
+}

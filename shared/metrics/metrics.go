@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -157,7 +158,10 @@ type emfMeta struct {
 // an alarm addresses them by namespace and name alone. Write errors are
 // dropped: losing a metric line must never fail the work it describes. A
 // value JSON cannot hold (NaN, ±Inf) is left out, so that the others are
-// still written (with it, the line would not encode at all).
+// still written (with it, the line would not encode at all), as is one
+// named "_aws", the line's metadata. A name given twice is written once,
+// with its last value and unit: CloudWatch refuses a line whose directive
+// names a metric twice.
 func (e *Emitter) Emit(values ...Value) {
 	if e == nil || len(values) == 0 {
 		return
@@ -165,8 +169,11 @@ func (e *Emitter) Emit(values ...Value) {
 	doc := make(map[string]any, len(values)+1)
 	directive := emfDirective{Namespace: e.namespace, Dimensions: [][]string{{}}}
 	for _, v := range values {
-		if math.IsNaN(v.Value) || math.IsInf(v.Value, 0) {
+		if math.IsNaN(v.Value) || math.IsInf(v.Value, 0) || v.Name == "_aws" {
 			continue
+		}
+		if _, twice := doc[v.Name]; twice {
+			directive.Metrics = slices.DeleteFunc(directive.Metrics, func(m emfMetric) bool { return m.Name == v.Name })
 		}
 		directive.Metrics = append(directive.Metrics, emfMetric{Name: v.Name, Unit: v.Unit})
 		doc[v.Name] = v.Value

@@ -142,3 +142,27 @@ func TestAValueJSONCannotHoldIsLeftOutNotTheLine(t *testing.T) {
 		t.Fatalf("wrote %q", buf.String())
 	}
 }
+
+// Every metric the directive names has a number of its own on the line,
+// once (CloudWatch drops the line otherwise): a value named "_aws", the
+// line's metadata, is left out, and a name given twice is written once with
+// its last value and unit.
+func TestEveryNamedMetricHasItsOwnNumber(t *testing.T) {
+	var buf bytes.Buffer
+	e := New(&buf, "x")
+	e.Emit(Count("_aws", 1), Count(ArchivedTotal, 1), Value{Name: ArchivedTotal, Unit: UnitNone, Value: 2}, Count(ExpiredBacklog, 0))
+	want := `"Metrics":[{"Name":"idempotency_archived_total","Unit":"None"},{"Name":"` + ExpiredBacklog + `","Unit":"Count"}]`
+	if !strings.Contains(buf.String(), want) {
+		t.Fatalf("want %s in %s", want, buf.String())
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatalf("%v: %q", err, buf.String())
+	}
+	if doc[ArchivedTotal] != 2.0 || doc[ExpiredBacklog] != 0.0 {
+		t.Fatalf("want archived 2 and backlog 0, got %v", doc)
+	}
+	if _, ok := doc["_aws"].(map[string]any); !ok {
+		t.Fatalf("_aws is not the metadata: %v", doc["_aws"])
+	}
+}
