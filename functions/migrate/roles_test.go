@@ -150,3 +150,46 @@ func TestAMissingUserPropertyFailsTheDeploy(t *testing.T) {
 	resp := b.invoke(b.event(t, "migrate-cfn-create.json", func(p map[string]any) { delete(p, "WriterUser") }))
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 }
+
+// A project role a function's user holds through another role (an
+// operator's group that holds the owner role) gives it that role's
+// privileges as a direct grant does: the deploy fails, naming the chain,
+// rather than answer SUCCESS with the lookup function able to write.
+func TestAProjectRoleHeldThroughAGroupFailsTheDeploy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	resp := b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	ops, team := "ops_"+randomSuffix(), "team_"+randomSuffix()
+	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+team+"; DROP ROLE IF EXISTS "+ops) })
+	_, err := b.db.Pool.Exec(ctx, "CREATE ROLE "+ops+" NOLOGIN; CREATE ROLE "+team+" NOLOGIN; GRANT "+schema.OwnerRole+" TO "+ops+"; GRANT "+ops+" TO "+team+"; GRANT "+team+" TO "+b.users.Reader)
+	require.NoError(t, err)
+
+	resp = b.invoke(b.update(t, nil))
+	require.Equal(t, cfn.StatusFailed, resp.Status)
+	require.Contains(t, resp.Reason, "user "+b.users.Reader+" holds "+schema.OwnerRole+" through "+team+" -> "+ops+" -> "+schema.OwnerRole)
+	require.Contains(t, resp.Reason, "run REVOKE "+team+" FROM "+b.users.Reader)
+
+	// AND once the operator revokes it, the deploy succeeds
+	_, err = b.db.Pool.Exec(ctx, "REVOKE "+team+" FROM "+b.users.Reader)
+	require.NoError(t, err)
+	resp = b.invoke(b.update(t, nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+}
+
+// A user's own role held through a group is no other role: the deploy
+// succeeds.
+func TestItsOwnRoleHeldThroughAGroupIsNoOtherRole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	resp := b.invoke(b.event(t, "migrate-cfn-create.json", nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+	readers := "readers_" + randomSuffix()
+	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+readers) })
+	_, err := b.db.Pool.Exec(ctx, "CREATE ROLE "+readers+" NOLOGIN; GRANT "+schema.ReaderRole+" TO "+readers+"; GRANT "+readers+" TO "+b.users.Reader)
+	require.NoError(t, err)
+	resp = b.invoke(b.update(t, nil))
+	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
+}

@@ -576,17 +576,58 @@ SELECT coalesce(string_agg(DISTINCT quote_ident(g.rolname), ', '), 'another role
   LEFT JOIN pg_roles g ON g.oid = m.grantor
  WHERE r.rolname = $1 AND u.rolname = $2`
 
-// revokeOthers revokes from a function's user every project role but its own.
+// revokeOthers revokes from a function's user every project role but its
+// own, and refuses one it still holds through another role.
 func revokeOthers(ctx context.Context, tx pgx.Tx, u User) error {
+	var others []string
 	for _, role := range projectRoles {
 		if role != u.Role {
+			others = append(others, role)
 			if err := revoke(ctx, tx, role, u.Name, "a function's user holds its function's role alone"); err != nil {
 				return err
 			}
 		}
 	}
-	return nil
+	// Held through another role (an operator's group that holds the owner
+	// role), a project role gives the user its privileges as a direct grant
+	// does; the deploy cannot take it away without taking the group's
+	// members' too.
+	var path, role, first, user string
+	err := tx.QueryRow(ctx, heldThroughSQL, u.Name, u.Role, others).Scan(&path, &role, &first, &user)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up %s's roles: %w", u.Name, err)
+	}
+	return fmt.Errorf("user %s holds %s through %s, with its privileges (a function's user holds its function's role alone): run REVOKE %s FROM %s, or give the function another user",
+		u.Name, role, path, first, user)
 }
+
+// heldThroughSQL finds a role of $3 that user $1 is a member of through
+// other roles, not through its own role $2: the chain of memberships
+// (quoted names, "a -> b -> role"), the role, the first role of the chain
+// and $1, quoted. PostgreSQL refuses circular memberships; the depth is bounded all
+// the same.
+const heldThroughSQL = `
+WITH RECURSIVE up (roleid, path) AS (
+    SELECT m.roleid, ARRAY[quote_ident(r.rolname)]
+      FROM pg_auth_members m
+      JOIN pg_roles u ON u.oid = m.member
+      JOIN pg_roles r ON r.oid = m.roleid
+     WHERE u.rolname = $1 AND r.rolname <> $2
+    UNION ALL
+    SELECT m.roleid, up.path || quote_ident(r.rolname)
+      FROM up
+      JOIN pg_auth_members m ON m.member = up.roleid
+      JOIN pg_roles r ON r.oid = m.roleid
+     WHERE r.rolname <> $2 AND cardinality(up.path) < 32
+)
+SELECT array_to_string(up.path, ' -> '), r.rolname, up.path[1], quote_ident($1)
+  FROM up JOIN pg_roles r ON r.oid = up.roleid
+ WHERE r.rolname = ANY ($3::text[]) AND cardinality(up.path) > 1
+ ORDER BY cardinality(up.path)
+ LIMIT 1`
 
 // revokeMoved revokes from the API services' user the role the previous
 // deploy gave its name, when that was another.
