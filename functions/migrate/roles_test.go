@@ -162,7 +162,9 @@ func TestAProjectRoleHeldThroughAGroupFailsTheDeploy(t *testing.T) {
 	resp := b.invoke(b.event(t, "migrate-cfn-create.json", nil))
 	require.Equal(t, cfn.StatusSuccess, resp.Status, resp.Reason)
 	ops, team := "ops_"+randomSuffix(), "team_"+randomSuffix()
-	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+team+"; DROP ROLE IF EXISTS "+ops) })
+	t.Cleanup(func() {
+		_, _ = b.db.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+team+"; DROP ROLE IF EXISTS "+ops)
+	})
 	_, err := b.db.Pool.Exec(ctx, "CREATE ROLE "+ops+" NOLOGIN; CREATE ROLE "+team+" NOLOGIN; GRANT "+schema.OwnerRole+" TO "+ops+"; GRANT "+ops+" TO "+team+"; GRANT "+team+" TO "+b.users.Reader)
 	require.NoError(t, err)
 
