@@ -356,7 +356,9 @@ func (a *API) encode(ctx context.Context, requestID string, status int, contentT
 		status, contentType = http.StatusInternalServerError, problem.ContentType
 		body, _ = json.Marshal(newProblem(status, "internal_error", "", requestID))
 	}
-	return Response{Status: status, Headers: map[string]string{"Content-Type": contentType}, Body: body}
+	// No answer may be kept by a cache: a "not found" replayed after the
+	// key was archived would let its late retry run again.
+	return Response{Status: status, Headers: map[string]string{"Content-Type": contentType, "Cache-Control": "no-store"}, Body: body}
 }
 
 // DirectRequest is the payload of a synchronous lambda:Invoke. A request

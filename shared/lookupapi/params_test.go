@@ -132,3 +132,38 @@ func TestMethodNotAllowedNamesGETAndHEAD(t *testing.T) {
 	require.Equal(t, http.StatusMethodNotAllowed, resp.Status)
 	require.Equal(t, "GET, HEAD", resp.Headers["Allow"])
 }
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (r errReader) Lookup(context.Context, string, []byte) (archive.Record, error) {
+	return archive.Record{}, r.err
+}
+
+func (r errReader) Investigate(context.Context, archive.Query) (archive.Page, error) {
+	return archive.Page{}, r.err
+}
+
+// No answer may be kept by a cache, found or not, error or not: a "not
+// found" a cache replayed after the key was archived would let its late
+// retry run again.
+func TestNoAnswerMayBeCached(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		reader lookupapi.Reader
+		req    lookupapi.Request
+		status int
+	}{
+		"found":       {&askedReader{}, lookupapi.Request{Method: http.MethodGet, Path: "/v1/archive/keys/idem:v1:k"}, http.StatusOK},
+		"not found":   {errReader{archive.ErrNotFound}, lookupapi.Request{Method: http.MethodGet, Path: "/v1/archive/keys/idem:v1:k"}, http.StatusNotFound},
+		"unavailable": {errReader{context.DeadlineExceeded}, lookupapi.Request{Method: http.MethodGet, Path: "/v1/archive/keys/idem:v1:k"}, http.StatusServiceUnavailable},
+		"bad request": {&askedReader{}, lookupapi.Request{Method: http.MethodGet, Path: "/v1/archive/keys/idem:v1:k", Query: map[string]string{"Limit": "5"}}, http.StatusBadRequest},
+		"method":      {&askedReader{}, lookupapi.Request{Method: http.MethodPost, Path: "/v1/archive/keys/idem:v1:k"}, http.StatusMethodNotAllowed},
+		"no route":    {&askedReader{}, lookupapi.Request{Method: http.MethodGet, Path: "/elsewhere"}, http.StatusNotFound},
+	} {
+		resp := newAPI(tc.reader).Serve(ctx, tc.req)
+		require.Equal(t, tc.status, resp.Status, name)
+		require.Equal(t, "no-store", resp.Headers["Cache-Control"], name)
+	}
+}
