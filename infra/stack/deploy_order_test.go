@@ -15,18 +15,24 @@ import (
 func TestFunctionsRunNewCodeOnlyAfterTheMigration(t *testing.T) {
 	b := setup(t, nil)
 	res := rawResources(t, b)
-	migration := ""
-	for id, r := range res {
-		if r.Type == SchemaResourceType {
-			migration = id
-		}
-	}
-	require.NotEmpty(t, migration)
+	migration := schemaResourceID(t, res)
 	for _, name := range []string{"sweep", "partitions", "lookup"} {
 		id := b.functionID(t, name)
 		require.Contains(t, res[id].DependsOn, migration,
 			"the %s function's code is updated before (or while) the migration runs: new code against the old schema", name)
 	}
+}
+
+// schemaResourceID is the logical id of the schema custom resource in res.
+func schemaResourceID(t *testing.T, res map[string]rawResource) string {
+	t.Helper()
+	for id, r := range res {
+		if r.Type == SchemaResourceType {
+			return id
+		}
+	}
+	t.Fatal("no schema custom resource")
+	return ""
 }
 
 // CloudFormation invokes the migrate function asynchronously, and an
@@ -41,13 +47,7 @@ func TestTheMigrationWaitsForItsNoRetrySetting(t *testing.T) {
 	b := setup(t, nil)
 	res := rawResources(t, b)
 	// THEN the schema custom resource depends on migrate's config
-	migration := ""
-	for id, r := range res {
-		if r.Type == SchemaResourceType {
-			migration = id
-		}
-	}
-	require.NotEmpty(t, migration)
+	migration := schemaResourceID(t, res)
 	require.Contains(t, res[migration].DependsOn, invokeConfigID(t, b, "migrate"),
 		"CloudFormation may invoke the migrate function before its RetryAttempts 0 exists")
 }
