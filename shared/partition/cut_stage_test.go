@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,20 +15,39 @@ import (
 )
 
 // cancelAt cancels the run's context when the run starts a statement that
-// at matches.
+// at matches, or when one that after matches has ended; a statement that
+// fail matches fails on its own (its context past its deadline), the run's
+// going on.
 type cancelAt struct {
-	at     func(sql string) bool
-	cancel context.CancelFunc
+	at, after, fail func(sql string) bool
+	cancel          context.CancelFunc
 }
+
+type sqlKey struct{}
+
+func matches(f func(string) bool, sql string) bool { return f != nil && f(sql) }
 
 func (c *cancelAt) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if c.at(d.SQL) {
+	if matches(c.at, d.SQL) {
 		c.cancel()
 	}
-	return ctx
+	if matches(c.fail, d.SQL) {
+		// Past its own deadline: an error that is not the run's
+		// context's (canceled).
+		done, cancel := context.WithDeadline(ctx, time.Unix(0, 0))
+		defer cancel()
+		ctx = done
+	}
+	return context.WithValue(ctx, sqlKey{}, d.SQL)
 }
 
-func (*cancelAt) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *cancelAt) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if sql, _ := ctx.Value(sqlKey{}).(string); matches(c.after, sql) {
+		c.cancel()
+	}
+}
+
+func is(sql string) func(string) bool { return func(s string) bool { return s == sql } }
 
 // A run whose context ends after its steps (while it keeps the plain keys
 // index, drops leftover indexes, compacts, or measures the archive) names
@@ -43,7 +63,7 @@ func TestARunCutShortAfterItsStepsNamesWhereInFailed(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			pool := db.NewPool(t, func(cfg *pgxpool.Config) {
-				cfg.ConnConfig.Tracer = &cancelAt{at: func(s string) bool { return s == sql }, cancel: cancel}
+				cfg.ConnConfig.Tracer = &cancelAt{at: is(sql), cancel: cancel}
 			})
 			m := newManager(t, pool, partition.Config{CompactPerRun: 1})
 
@@ -82,4 +102,45 @@ func TestARunCutShortInARebuildNamesTheMonth(t *testing.T) {
 	require.Equal(t, partition.Failure{Action: "compact", Partition: partition.Name(sep)}, partition.Failure{Action: last.Action, Partition: last.Partition})
 	require.Contains(t, last.Error, "interrupted")
 	require.Empty(t, res.Compacted)
+}
+
+// A stage that completed before the context ended is not named: with
+// compaction off, a context that ends once the leftover indexes are listed
+// (the compact stage's work) names measure, the stage that did not run.
+func TestARunCutBetweenStagesNamesTheOneThatDidNotRun(t *testing.T) {
+	t.Parallel()
+	for _, dryRun := range []bool{false, true} {
+		db := dbtest.New(t)
+		db.Partition(t, 0)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		pool := db.NewPool(t, func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.Tracer = &cancelAt{after: is(partition.StageSQL["compact"]), cancel: cancel}
+		})
+		res, err := newManager(t, pool, partition.Config{CompactPerRun: 0}).Run(ctx, dryRun)
+
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotEmpty(t, res.Failed)
+		require.Equal(t, "measure", res.Failed[len(res.Failed)-1].Action, "dry run %v", dryRun)
+	}
+}
+
+// A run whose context ends after its last stage returns its own errors, and
+// names no stage as interrupted.
+func TestARunWhoseContextEndsAfterItsLastStageNamesNoCut(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := db.NewPool(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &cancelAt{after: is(partition.StageSQL["measure"]), fail: is(partition.StageSQL["plain keys"]), cancel: cancel}
+	})
+	res, err := newManager(t, pool, partition.Config{}).Run(ctx, false)
+
+	require.ErrorIs(t, err, partition.ErrIncomplete, "the plain keys stage failed")
+	require.NotErrorIs(t, err, context.Canceled)
+	require.NotZero(t, res.ArchiveBytes, "measured")
+	require.Len(t, res.Failed, 1, "%+v", res.Failed)
+	require.Equal(t, "plain keys", res.Failed[0].Action)
 }

@@ -537,14 +537,21 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 		res.record(s)
 	}
 	// A run whose context ends after its steps names in Failed the stage
-	// it ended in (a stage cut in a partition's work names it itself): an
-	// empty Failed beside a context error would read as "every step done".
+	// that did not complete (a stage cut in a partition's work names it
+	// itself): an empty Failed beside a context error would read as "every
+	// step done". Only a run that returns the context's error was cut: one
+	// whose context ended after its last stage returns its own errors.
 	stage := ""
 	defer func() {
-		if err != nil && stage != "" && !res.cut && ctx.Err() != nil {
+		if err != nil && stage != "" && !res.cut && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			res.cutShort(stage, "", fmt.Errorf("interrupted: %w; the stages after it did not run", ctx.Err()))
 		}
 	}()
+	// cutIn says whether a stage's errors hold the context's: the stage
+	// itself was cut, not the one after it.
+	cutIn := func(stageErrs []error) bool {
+		return slices.ContainsFunc(stageErrs, func(e error) bool { return errors.Is(e, ctx.Err()) })
+	}
 	stage = "adopt"
 	if tbl.adopts {
 		adopted, failed, err := m.adopt(ctx, conn.Conn(), tbl, dryRun)
@@ -593,8 +600,12 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 		}
 	}
 	stage = "compact"
-	errs = append(errs, m.dropLeftovers(ctx, conn.Conn(), tbl, dryRun, &res)...)
+	leftErrs := m.dropLeftovers(ctx, conn.Conn(), tbl, dryRun, &res)
+	errs = append(errs, leftErrs...)
 	if err := ctx.Err(); err != nil {
+		if !cutIn(leftErrs) && m.cfg.CompactPerRun == 0 {
+			stage = "measure"
+		}
 		return res, runError(append(errs, err))
 	}
 	if m.cfg.CompactPerRun > 0 {
@@ -604,8 +615,12 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 				retiring[s.partition] = true
 			}
 		}
-		errs = append(errs, m.compaction(ctx, conn.Conn(), tbl, parts, retiring, retireNow, dryRun, &res)...)
+		compErrs := m.compaction(ctx, conn.Conn(), tbl, parts, retiring, retireNow, dryRun, &res)
+		errs = append(errs, compErrs...)
 		if err := ctx.Err(); err != nil {
+			if !cutIn(compErrs) {
+				stage = "measure"
+			}
 			return res, runError(append(errs, err))
 		}
 	}
