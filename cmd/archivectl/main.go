@@ -210,22 +210,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case errors.Is(err, flag.ErrHelp):
 		return exitOK
 	default:
-		return fail(unmigrated(args[0], err))
+		return fail(unmigrated(ctx, pool, args[0], err))
 	}
 }
 
 // unmigrated adds to the error of a command other than migrate that met a
-// table or column missing from the schema it reads (a new database, a
-// search_path naming another schema, an install older than this release)
-// what to do about it.
-func unmigrated(command string, err error) error {
+// table, column or function missing from the schema it reads what to do
+// about it: migrate, where the schema's recorded version is older than this
+// release's (a new database, an install not migrated yet); else look, as it
+// was changed by hand or the search_path finds another schema first.
+func unmigrated(ctx context.Context, pool *pgxpool.Pool, command string, err error) error {
 	switch database.SQLState(err) {
 	case database.CodeUndefinedTable, database.CodeUndefinedColumn, database.CodeUndefinedFunction:
-		if command != "migrate" {
-			return fmt.Errorf("%w: the schema first on DATABASE_URL's search_path is not at this release's version %d: run `archivectl migrate` first, or check the search_path", err, schema.LatestVersion())
-		}
+	default:
+		return err
 	}
-	return err
+	if command == "migrate" {
+		return err
+	}
+	// The command's own context may be what ended it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	latest := schema.LatestVersion()
+	v, verr := schema.Version(ctx, pool)
+	switch {
+	case verr != nil:
+		return fmt.Errorf("%w: is the schema first on DATABASE_URL's search_path at this release's version %d? run `archivectl migrate`, or check the search_path", err, latest)
+	case v < latest:
+		return fmt.Errorf("%w: the schema first on DATABASE_URL's search_path is at version %d, not this release's %d: run `archivectl migrate` first, or check the search_path", err, v, latest)
+	default:
+		return fmt.Errorf("%w: the schema first on DATABASE_URL's search_path is at version %d, yet lacks what the error names: it was changed by hand (`archivectl verify` says what), or the user may not use it", err, v)
+	}
 }
 
 func cmdMigrate(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error {

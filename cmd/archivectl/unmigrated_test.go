@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/dbtest"
+	"github.com/idemarchive/idemarchive/shared/schema"
 )
 
 // A command run against a schema that migrate has not created (a new
@@ -30,7 +32,20 @@ func TestACommandOnAnUnmigratedSchemaSaysToMigrate(t *testing.T) {
 		t.Run(args[0], func(t *testing.T) {
 			r := cli(t, nil, map[string]string{"DATABASE_URL": url}, args...)
 			t.Log(r.stderr)
-			requireOneLineError(t, r, "archivectl migrate")
+			requireOneLineError(t, r, "run `archivectl migrate` first")
 		})
 	}
+}
+
+// A schema at this release's version that lacks what the error names was
+// changed by hand: migrate would change nothing, and the hint says so
+// rather than send the operator round in a loop.
+func TestACommandOnAMigratedSchemaMissingAnObjectDoesNotSayMigrate(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	_, err := db.Pool.Exec(context.Background(), `DROP TABLE idempotency_keys`)
+	require.NoError(t, err)
+	r := cli(t, db, nil, "sweep")
+	requireOneLineError(t, r, fmt.Sprintf("is at version %d, yet lacks what the error names: it was changed by hand", schema.LatestVersion()))
+	require.NotContains(t, r.stderr, "run `archivectl migrate`")
 }

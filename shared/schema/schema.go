@@ -106,6 +106,34 @@ func recordedVersion(ctx context.Context, conn *pgx.Conn, versionTable string) (
 	return v, nil
 }
 
+// Version reads the schema version migrate recorded in the schema first on
+// q's search_path (current_schema()), 0 where it recorded none.
+func Version(ctx context.Context, q Querier) (int32, error) {
+	rows, err := q.Query(ctx, versionTableSQL, VersionTable)
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(tables) == 0 {
+		return 0, err
+	}
+	rows, err = q.Query(ctx, "SELECT coalesce(max(version), 0) FROM "+tables[0])
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	v, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int32])
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
+}
+
+// versionTableSQL names table $1 of the current schema, quoted, where it
+// exists.
+const versionTableSQL = `
+SELECT format('%I.%I', current_schema(), $1::text)
+ WHERE to_regclass(format('%I.%I', current_schema(), $1::text)) IS NOT NULL`
+
 // Result reports what Migrate did.
 type Result struct {
 	FromVersion int32 `json:"from_version"`
