@@ -588,46 +588,101 @@ func revokeOthers(ctx context.Context, tx pgx.Tx, u User) error {
 			}
 		}
 	}
-	// Held through another role (an operator's group that holds the owner
-	// role), a project role gives the user its privileges as a direct grant
-	// does; the deploy cannot take it away without taking the group's
-	// members' too.
-	var path, role, first, user string
-	err := tx.QueryRow(ctx, heldThroughSQL, u.Name, u.Role, others).Scan(&path, &role, &first, &user)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil
-	case err != nil:
-		return fmt.Errorf("look up %s's roles: %w", u.Name, err)
-	}
-	return fmt.Errorf("user %s holds %s through %s, with its privileges (a function's user holds its function's role alone): run REVOKE %s FROM %s, or give the function another user",
-		u.Name, role, path, first, user)
+	return refuseHeldThrough(ctx, tx, u, others)
 }
 
-// heldThroughSQL finds a role of $3 that user $1 is a member of through
-// other roles, not through its own role $2: the chain of memberships
-// (quoted names, "a -> b -> role"), the role, the first role of the chain
-// and $1, quoted. PostgreSQL refuses circular memberships; the depth is bounded all
-// the same.
-const heldThroughSQL = `
-WITH RECURSIVE up (roleid, path) AS (
-    SELECT m.roleid, ARRAY[quote_ident(r.rolname)]
-      FROM pg_auth_members m
-      JOIN pg_roles u ON u.oid = m.member
-      JOIN pg_roles r ON r.oid = m.roleid
-     WHERE u.rolname = $1 AND r.rolname <> $2
-    UNION ALL
-    SELECT m.roleid, up.path || quote_ident(r.rolname)
-      FROM up
-      JOIN pg_auth_members m ON m.member = up.roleid
-      JOIN pg_roles r ON r.oid = m.roleid
-     WHERE r.rolname <> $2 AND cardinality(up.path) < 32
+// refuseHeldThrough refuses user u that holds one of others through other
+// roles (an operator's group that holds the owner role, or its own role
+// granted another): that gives it the role's privileges as a direct grant
+// does, and the deploy cannot take them away without taking them from the
+// chain's other members too.
+func refuseHeldThrough(ctx context.Context, tx pgx.Tx, u User, others []string) error {
+	chain, err := heldThrough(ctx, tx, u.Name, others)
+	if err != nil || chain == nil {
+		return err
+	}
+	// The link to break (REVOKE chain[k] FROM chain[k-1]): the one after
+	// the user's own role where the chain passes it (a project role must
+	// hold no other), else the user's first.
+	k := 1
+	if i := slices.Index(chain, u.Role); i > 0 {
+		k = i + 1
+	}
+	return fmt.Errorf("user %s holds %s through %s, with its privileges (a function's user holds its function's role alone): run REVOKE %s FROM %s, or give the function another user",
+		u.Name, chain[len(chain)-1], strings.Join(chain[1:], " -> "), chain[k], chain[k-1])
+}
+
+// heldThrough returns the shortest chain of memberships by which user name
+// holds one of roles (quoted names: the user's, then each role's), nil
+// when it holds none. Only memberships that can pass privileges on count:
+// on PostgreSQL 16 and later, one granted WITH INHERIT FALSE, SET FALSE and
+// without ADMIN OPTION gives nothing.
+func heldThrough(ctx context.Context, tx pgx.Tx, name string, roles []string) ([]string, error) {
+	var user uint32
+	var quoted string
+	if err := tx.QueryRow(ctx, "SELECT oid, quote_ident(rolname) FROM pg_catalog.pg_roles WHERE rolname = $1", name).Scan(&user, &quoted); err != nil {
+		return nil, fmt.Errorf("look up %s's roles: %w", name, err)
+	}
+	rows, err := tx.Query(ctx, membershipsSQL, user)
+	if err != nil {
+		return nil, fmt.Errorf("look up %s's roles: %w", name, err)
+	}
+	type edge struct {
+		Member, Role uint32
+		Quoted, Name string
+	}
+	edges, err := pgx.CollectRows(rows, pgx.RowToStructByPos[edge])
+	if err != nil {
+		return nil, fmt.Errorf("look up %s's roles: %w", name, err)
+	}
+	// Breadth first from the user: the first of roles reached ends a
+	// shortest chain.
+	type node struct {
+		prev  int // index in reached; -1 for the user
+		oid   uint32
+		label string
+	}
+	reached := []node{{prev: -1, oid: user, label: quoted}}
+	visited := map[uint32]bool{user: true}
+	for i := 0; i < len(reached); i++ {
+		for _, e := range edges {
+			if e.Member != reached[i].oid || visited[e.Role] {
+				continue
+			}
+			visited[e.Role] = true
+			reached = append(reached, node{prev: i, oid: e.Role, label: e.Quoted})
+			if slices.Contains(roles, e.Name) {
+				var chain []string
+				for j := len(reached) - 1; j >= 0; j = reached[j].prev {
+					chain = append([]string{reached[j].label}, chain...)
+				}
+				return chain, nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// membershipsSQL lists the memberships reachable from role $1 (an oid),
+// each once: the member's and the role's oids, the role's name quoted and
+// as it is. Only those that can pass privileges on count (PostgreSQL 16
+// added inherit_option and set_option; before it every membership could).
+const membershipsSQL = `
+WITH RECURSIVE edge AS (
+    SELECT m.member, m.roleid
+      FROM pg_catalog.pg_auth_members m
+     WHERE coalesce((pg_catalog.to_jsonb(m) ->> 'inherit_option')::bool, true)
+        OR coalesce((pg_catalog.to_jsonb(m) ->> 'set_option')::bool, true)
+        OR m.admin_option
+),
+up (member, roleid) AS (
+    SELECT e.member, e.roleid FROM edge e WHERE e.member = $1::oid
+    UNION
+    SELECT e.member, e.roleid FROM up JOIN edge e ON e.member = up.roleid
 )
-SELECT array_to_string(up.path, ' -> '), r.rolname, up.path[1], quote_ident($1)
-  FROM up JOIN pg_roles r ON r.oid = up.roleid
- WHERE r.rolname = ANY ($3::text[]) AND cardinality(up.path) > 1
- ORDER BY cardinality(up.path)
- LIMIT 1`
+SELECT up.member, up.roleid, quote_ident(r.rolname), r.rolname::text
+  FROM up JOIN pg_catalog.pg_roles r ON r.oid = up.roleid
+ ORDER BY r.rolname`
 
 // revokeMoved revokes from the API services' user the role the previous
 // deploy gave its name, when that was another.
