@@ -169,6 +169,9 @@ func (e *Emitter) Emit(values ...Value) {
 	doc := make(map[string]any, len(values)+1)
 	directive := emfDirective{Namespace: e.namespace, Dimensions: [][]string{{}}}
 	for _, v := range values {
+		// As JSON writes it: two names that differ in bytes that are not
+		// UTF-8 are one name on the line.
+		v.Name = strings.ToValidUTF8(v.Name, "\uFFFD")
 		if math.IsNaN(v.Value) || math.IsInf(v.Value, 0) || v.Name == "_aws" {
 			continue
 		}

@@ -150,8 +150,9 @@ func TestAValueJSONCannotHoldIsLeftOutNotTheLine(t *testing.T) {
 func TestEveryNamedMetricHasItsOwnNumber(t *testing.T) {
 	var buf bytes.Buffer
 	e := New(&buf, "x")
-	e.Emit(Count("_aws", 1), Count(ArchivedTotal, 1), Value{Name: ArchivedTotal, Unit: UnitNone, Value: 2}, Count(ExpiredBacklog, 0))
-	want := `"Metrics":[{"Name":"idempotency_archived_total","Unit":"None"},{"Name":"` + ExpiredBacklog + `","Unit":"Count"}]`
+	e.Emit(Count("_aws", 1), Count(ArchivedTotal, 1), Value{Name: ArchivedTotal, Unit: UnitNone, Value: 2}, Count(ExpiredBacklog, 0),
+		Count("a\xff", 1), Count("a\xfe", 3))
+	want := `"Metrics":[{"Name":"idempotency_archived_total","Unit":"None"},{"Name":"` + ExpiredBacklog + `","Unit":"Count"},{"Name":"a` + "\uFFFD" + `","Unit":"Count"}]`
 	if !strings.Contains(buf.String(), want) {
 		t.Fatalf("want %s in %s", want, buf.String())
 	}
@@ -159,7 +160,7 @@ func TestEveryNamedMetricHasItsOwnNumber(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
 		t.Fatalf("%v: %q", err, buf.String())
 	}
-	if doc[ArchivedTotal] != 2.0 || doc[ExpiredBacklog] != 0.0 {
+	if doc[ArchivedTotal] != 2.0 || doc[ExpiredBacklog] != 0.0 || doc["a\ufffd"] != 3.0 {
 		t.Fatalf("want archived 2 and backlog 0, got %v", doc)
 	}
 	if _, ok := doc["_aws"].(map[string]any); !ok {
