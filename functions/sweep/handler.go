@@ -120,12 +120,11 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 			"no partition or primary key can hold them. They stay live and are answered 409 expired; correct or delete them",
 			"unarchivable", res.Unarchivable)
 	}
-	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) && (noBatch.AfterTimeouts > 0 || noBatch.AfterIndexSwaps > 0 && !noBatch.AfterConflict) {
-		// The batches were slow, or waited for a compaction's index swap,
-		// not the invocation short: no advice on the margin, which the
-		// error's own text replaces.
-		log.ErrorContext(ctx, "sweep failed", "error", err, "backlog", res.Backlog, "stopped", res.Stopped,
-			"batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize, "index_swap_retries", res.IndexSwapRetries)
+	if noBatch := (*sweep.DeadlineError)(nil); errors.As(err, &noBatch) && (noBatch.AfterTimeouts > 0 || noBatch.AfterIndexSwaps > 0) {
+		// The batches were slow, or waited for a compaction's index swap
+		// (after a conflict's retry too), not the invocation short: no
+		// advice on the margin, which the error's own text replaces.
+		log.ErrorContext(ctx, "sweep failed", append([]any{"error", err}, resultAttrs(res)...)...)
 		return res, err
 	} else if noBatch != nil {
 		fix := fmt.Sprintf("raise the function's timeout well above SWEEP_DEADLINE_MARGIN (%s), for example to 5 minutes, "+
@@ -134,20 +133,26 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (sweep.Re
 		if noBatch.AfterConflict {
 			what = "sweep moved nothing: its batch met an archive row that existed already, and the invocation's remaining time fell under SWEEP_DEADLINE_MARGIN before it could run again; "
 		}
-		log.ErrorContext(ctx, what+fix,
-			"remaining_ms", noBatch.Remaining.Milliseconds(), "sweep_deadline_margin_ms", noBatch.Margin.Milliseconds(),
-			"backlog", res.Backlog, "stopped", res.Stopped, "conflict_retries", res.ConflictRetries)
+		log.ErrorContext(ctx, what+fix, append([]any{"remaining_ms", noBatch.Remaining.Milliseconds(),
+			"sweep_deadline_margin_ms", noBatch.Margin.Milliseconds()}, resultAttrs(res)...)...)
 		return res, fmt.Errorf("%w: %s", err, fix)
 	}
 	if err != nil {
-		log.ErrorContext(ctx, "sweep failed", "error", err, "moved", res.Moved, "batches", res.Batches, "backlog", res.Backlog,
-			"batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize)
+		log.ErrorContext(ctx, "sweep failed", append([]any{"error", err}, resultAttrs(res)...)...)
 		return res, err
 	}
-	log.InfoContext(ctx, "sweep finished", "moved", res.Moved, "archived", res.Archived, "batches", res.Batches,
-		"conflict_retries", res.ConflictRetries, "index_swap_retries", res.IndexSwapRetries, "batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize,
-		"stopped", res.Stopped, "backlog", res.Backlog, "batch_max_ms", res.BatchMaxMS, "duration_ms", res.DurationMS)
+	log.InfoContext(ctx, "sweep finished", resultAttrs(res)...)
 	return res, nil
+}
+
+// resultAttrs is every field of a run's result, for its log line: a failed
+// invocation returns no answer, so its line is where an operator reads what
+// the run did (the months it created, why it stopped).
+func resultAttrs(res sweep.Result) []any {
+	return []any{"moved", res.Moved, "archived", res.Archived, "batches", res.Batches,
+		"conflict_retries", res.ConflictRetries, "index_swap_retries", res.IndexSwapRetries, "batch_timeouts", res.BatchTimeouts, "batch_size", res.BatchSize,
+		"stopped", res.Stopped, "drained", res.Drained, "backlog", res.Backlog, "unarchivable", res.Unarchivable, "partitions_created", res.PartitionsCreated,
+		"batch_max_ms", res.BatchMaxMS, "duration_ms", res.DurationMS}
 }
 
 // durationOption reads a duration option, def when it is not given. An

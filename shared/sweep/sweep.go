@@ -543,10 +543,16 @@ func (e *DeadlineError) Error() string {
 			"(the rows are slow to move: raise the max duration or SWEEP_STATEMENT_TIMEOUT)",
 			e.AfterTimeouts, e.BatchSize, e.MaxDuration, waiting)
 	}
-	if e.AfterIndexSwaps > 0 && e.AfterTimeouts == 0 && !e.AfterConflict {
-		return fmt.Sprintf("sweep moved nothing: %d batches met a compaction's index swap (REINDEX CONCURRENTLY of an archive month), and %s was left before the deadline, under the deadline margin of %s, while it waited for the swap to end; %s "+
+	if e.AfterIndexSwaps > 0 && e.AfterTimeouts == 0 {
+		// A swap fails only an INSERT ... ON CONFLICT, which a run uses
+		// after a conflict: the retry ran, and met the swap.
+		first := ""
+		if e.AfterConflict {
+			first = "its first batch met an archive row that existed already, and, run again with ON CONFLICT, "
+		}
+		return fmt.Sprintf("sweep moved nothing: %s%d batches met a compaction's index swap (REINDEX CONCURRENTLY of an archive month), and %s was left before the deadline, under the deadline margin of %s, while it waited for the swap to end; %s "+
 			"(the next run goes on once the swap is done)",
-			e.AfterIndexSwaps, e.Remaining.Round(time.Millisecond), e.Margin, waiting)
+			first, e.AfterIndexSwaps, e.Remaining.Round(time.Millisecond), e.Margin, waiting)
 	}
 	if e.AfterTimeouts > 0 {
 		return fmt.Sprintf("sweep moved nothing: %d batches ran past the statement timeout (the last cut to %d rows) before %s was left before the deadline, under the deadline margin of %s, and %s "+
