@@ -236,6 +236,8 @@ func unmigrated(ctx context.Context, pool *pgxpool.Pool, command string, err err
 	switch {
 	case verr != nil:
 		return fmt.Errorf("%w: is the schema first on DATABASE_URL's search_path at this release's version %d? run `archivectl migrate`, or check the search_path", err, latest)
+	case v > latest:
+		return fmt.Errorf("%w: the schema first on DATABASE_URL's search_path is at version %d, newer than this release's %d: use the archivectl of the release that migrated it", err, v, latest)
 	case v < latest:
 		return fmt.Errorf("%w: the schema first on DATABASE_URL's search_path is at version %d, not this release's %d: run `archivectl migrate` first, or check the search_path", err, v, latest)
 	default:

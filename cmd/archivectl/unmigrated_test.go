@@ -49,3 +49,16 @@ func TestACommandOnAMigratedSchemaMissingAnObjectDoesNotSayMigrate(t *testing.T)
 	requireOneLineError(t, r, fmt.Sprintf("is at version %d, yet lacks what the error names: it was changed by hand", schema.LatestVersion()))
 	require.NotContains(t, r.stderr, "run `archivectl migrate`")
 }
+
+// A schema newer than this release (a later release migrated it) is named
+// so: neither migrate (which refuses it) nor a hand change is the answer.
+func TestACommandOnANewerSchemaSaysSo(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	_, err := db.Pool.Exec(context.Background(), `UPDATE idempotency_archive_schema_version SET version = $1`, schema.LatestVersion()+1)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(context.Background(), `DROP TABLE idempotency_keys`)
+	require.NoError(t, err)
+	r := cli(t, db, nil, "sweep")
+	requireOneLineError(t, r, fmt.Sprintf("is at version %d, newer than this release's %d: use the archivectl of the release that migrated it", schema.LatestVersion()+1, schema.LatestVersion()))
+}

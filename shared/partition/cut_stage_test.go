@@ -144,3 +144,24 @@ func TestARunWhoseContextEndsAfterItsLastStageNamesNoCut(t *testing.T) {
 	require.Len(t, res.Failed, 1, "%+v", res.Failed)
 	require.Equal(t, "plain keys", res.Failed[0].Action)
 }
+
+// A statement of the plain keys stage cut short by the context's end can
+// fail with pgx's own error ("conn closed") rather than the context's: the
+// run still returns the context's error, and names the stage.
+func TestARunCutInsideAStageWhoseErrorIsNotTheContextsNamesIt(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	bloated(t, db, 200, sep)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := db.NewPool(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = &cancelAt{after: func(s string) bool {
+			return strings.HasPrefix(strings.Join(strings.Fields(s), " "), "SELECT late, expired_from")
+		}, cancel: cancel}
+	})
+	res, err := newManager(t, pool, partition.Config{Now: at(decNow), CompactPerRun: 1}).Run(ctx, false)
+
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotEmpty(t, res.Failed)
+	require.Equal(t, "plain keys", res.Failed[len(res.Failed)-1].Action)
+}

@@ -547,6 +547,15 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 			res.cutShort(stage, "", fmt.Errorf("interrupted: %w; the stages after it did not run", ctx.Err()))
 		}
 	}()
+	// cut is the error of a stage that stopped because the context ended,
+	// wrapping the context's error where it does not already (pgx reports
+	// a statement cut short as "conn closed", say).
+	cut := func(err error) error {
+		if !errors.Is(err, ctx.Err()) {
+			return fmt.Errorf("%w (%w)", err, ctx.Err())
+		}
+		return err
+	}
 	// cutIn says whether a stage's errors hold the context's: the stage
 	// itself was cut, not the one after it.
 	cutIn := func(stageErrs []error) bool {
@@ -562,7 +571,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return res, err
+				return res, cut(err)
 			}
 			res.Failed = append(res.Failed, Failure{Action: "adopt", Error: err.Error()})
 			errs = append(errs, fmt.Errorf("%w: %w", ErrIncomplete, err))
@@ -582,7 +591,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 			})
 			if err != nil {
 				if ctx.Err() != nil {
-					return res, err
+					return res, cut(err)
 				}
 				hold = true // unknown: kept, as if broken
 				res.Failed = append(res.Failed, Failure{Action: "plain keys", Error: fmt.Sprintf("check the recording triggers (pending ranges kept): %v", err)})
@@ -593,7 +602,7 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 		res.PlainKeys = &pk
 		if err != nil {
 			if ctx.Err() != nil {
-				return res, err
+				return res, cut(err)
 			}
 			res.Failed = append(res.Failed, Failure{Action: "plain keys", Error: err.Error()})
 			errs = append(errs, fmt.Errorf("%w: %w", ErrIncomplete, err))
@@ -628,6 +637,9 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 	stage = "measure"
 	if !dryRun {
 		if parts, err = list(ctx, conn.Conn()); err != nil {
+			if ctx.Err() != nil {
+				return res, cut(err)
+			}
 			return res, err
 		}
 	}
@@ -643,6 +655,9 @@ func (m *Manager) Run(ctx context.Context, dryRun bool) (res Result, err error) 
 		res.NewestPartitionDays = res.NewestUpperBound.Sub(now).Hours() / 24
 	}
 	if err := conn.QueryRow(ctx, sizeSQL, tbl.oid).Scan(&res.ArchiveBytes, &res.ArchiveRows); err != nil {
+		if ctx.Err() != nil {
+			return res, cut(fmt.Errorf("measure archive size: %w", err))
+		}
 		return res, fmt.Errorf("measure archive size: %w", err)
 	}
 	if !dryRun {

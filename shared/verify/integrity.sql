@@ -9,14 +9,16 @@
 --     migrate read current_schema().
 --   - An UNLOGGED table (live, writers, an archive partition in any schema,
 --     the plain keys index, the registries) is emptied by a crash: live
---     keys run again, archived keys are forgotten.
+--     keys run again, archived keys are forgotten. One with row level
+--     security shows its rows only as a policy lets it (none without one):
+--     a lookup that cannot see an archived row answers not found.
 --   - idempotency_keys_unbounded_writer records a writer that does not
 --     bound its keys' timestamps, and idempotency_writers_only_grow keeps
 --     that record from shrinking: the archive skip trusts a key's timestamp
 --     only while both hold, so without them a late retry can run twice.
 --     idempotency_copy_pending_range queues a range the plain keys index
 --     must read again. Each is checked by its name, events, columns,
---     condition and function: a disabled or replica-only one fires for no
+--     condition and function (its source too): a disabled or replica-only one fires for no
 --     ordinary session, one of the same name doing something else does not
 --     do its work. (The archive's own recording triggers are the recording
 --     check's.)
@@ -35,6 +37,7 @@ WITH archive AS (
 ),
 tbl AS (
     SELECT c.oid, c.relname::text AS relname, c.relpersistence, c.relacl, c.oid IN (SELECT relid FROM archive) AS in_archive,
+           c.relrowsecurity OR c.relforcerowsecurity AS row_security,
            CASE WHEN n.nspname = current_schema() THEN c.relname::text
                 ELSE pg_catalog.format('%I.%I', n.nspname, c.relname) END AS label
       FROM pg_catalog.pg_class c
@@ -50,24 +53,31 @@ tbl AS (
 ),
 -- Each as migrate creates it: its table, pg_trigger.tgtype (ROW 1, BEFORE
 -- 2, INSERT 4, UPDATE 16), the columns of an UPDATE OF, what
--- pg_get_triggerdef prints from FOR EACH to EXECUTE, and its function.
-expected_trigger (relname, tgname, tgtype, columns, body, proname) AS (
+-- pg_get_triggerdef prints from FOR EACH to EXECUTE, and its function: its
+-- name, the md5 of its source as the last migration to define it wrote it
+-- (a migration that redefines one changes its md5 here: verify's tests of a
+-- healthy install fail until it does), and whether it is SECURITY DEFINER.
+expected_trigger (relname, tgname, tgtype, columns, body, proname, source_md5, definer) AS (
     VALUES ('idempotency_keys', 'idempotency_keys_unbounded_writer', 7, '{}'::text[],
-            'FOR EACH ROW WHEN ((new.skew_ms IS NULL))', 'idempotency_record_unbounded_writer'),
+            'FOR EACH ROW WHEN ((new.skew_ms IS NULL))', 'idempotency_record_unbounded_writer',
+            '467de73628c556a4199bd4c8d95e2198', true),
            ('idempotency_writers', 'idempotency_writers_only_grow', 19, '{first_used,used_until}',
-            'FOR EACH ROW', 'idempotency_writers_only_grow'),
+            'FOR EACH ROW', 'idempotency_writers_only_grow',
+            '15ca81f1b5bb65112debd13ac7296677', false),
            ('idempotency_archive_plain_keys_pending', 'idempotency_copy_pending_range', 21, '{}',
             'FOR EACH ROW WHEN (((new.after_key = ''''::text) AND (new.after_expired_at = ''-infinity''::timestamp with time zone)))',
-            'idempotency_copy_pending_range')
+            'idempotency_copy_pending_range', '3f7421166c07ffe631d532d7cb37d91d', true)
 ),
 trig AS (
     SELECT e.relname, e.tgname, g.tgenabled,
-           g.tgtype = e.tgtype
-           AND ARRAY(SELECT a.attname::text FROM unnest(g.tgattr::int2[]) AS k (attnum)
+           (g.tgtype = e.tgtype
+           AND ARRAY(SELECT a.attname::text FROM pg_catalog.unnest(g.tgattr::int2[]) AS k (attnum)
                        JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum
                       ORDER BY a.attname) = e.columns
            AND pg_catalog.substring(pg_catalog.pg_get_triggerdef(g.oid), '(FOR EACH .*) EXECUTE ') = e.body
-           AND p.proname = e.proname AND p.pronamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = t.oid) AS same
+           AND p.proname = e.proname AND p.pronamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = t.oid)
+           AND pg_catalog.md5(p.prosrc) = e.source_md5 AND p.prosecdef = e.definer
+           AND p.proconfig IS NOT DISTINCT FROM '{"search_path=pg_catalog, pg_temp"}'::text[]) IS TRUE AS same
       FROM expected_trigger e
       JOIN tbl t ON t.relname = e.relname AND NOT t.in_archive
       LEFT JOIN pg_catalog.pg_trigger g ON g.tgrelid = t.oid AND g.tgname = e.tgname
@@ -88,6 +98,10 @@ UNION ALL
 SELECT pg_catalog.format('%s is UNLOGGED: a crash empties it', t.label)
   FROM tbl t
  WHERE t.relpersistence <> 'p'
+UNION ALL
+SELECT pg_catalog.format('%s has row level security on: lookups and sweeps see only the rows a policy shows them', t.label)
+  FROM tbl t
+ WHERE t.row_security
 UNION ALL
 SELECT CASE WHEN g.tgenabled IS NULL THEN pg_catalog.format('%s has no trigger %s', g.relname, g.tgname)
             WHEN NOT g.same THEN pg_catalog.format('trigger %s on %s is not the one migrate creates', g.tgname, g.relname)

@@ -55,11 +55,17 @@ func TestTheIntactCheckNamesWhatBreaksTheTables(t *testing.T) {
 		 CREATE TRIGGER idempotency_keys_unbounded_writer BEFORE INSERT ON idempotency_keys FOR EACH ROW WHEN (false) EXECUTE FUNCTION idempotency_record_unbounded_writer()`: "trigger idempotency_keys_unbounded_writer on idempotency_keys is not the one migrate creates",
 		`DROP TRIGGER idempotency_writers_only_grow ON idempotency_writers;
 		 CREATE TRIGGER idempotency_writers_only_grow BEFORE UPDATE OF first_used ON idempotency_writers FOR EACH ROW EXECUTE FUNCTION idempotency_writers_only_grow()`: "trigger idempotency_writers_only_grow on idempotency_writers is not the one migrate creates",
-		`GRANT UPDATE (resource_id, status_code) ON idempotency_key_archive TO PUBLIC`: "PUBLIC may UPDATE (resource_id, status_code) on idempotency_key_archive",
-		`GRANT INSERT (scoped_key) ON idempotency_key_archive_2026_12 TO PUBLIC`:       "PUBLIC may INSERT (scoped_key) on idempotency_key_archive_2026_12",
-		`GRANT UPDATE (ttl_ms) ON idempotency_writers TO idempotency_reader`:           "idempotency_reader may UPDATE on idempotency_writers",
-		`GRANT INSERT ON idempotency_archive_recorded_partitions TO PUBLIC`:            "PUBLIC may INSERT on idempotency_archive_recorded_partitions",
-		`GRANT DELETE ON idempotency_archive_schema_version TO idempotency_reader`:     "idempotency_reader may DELETE on idempotency_archive_schema_version",
+		`GRANT UPDATE (resource_id, status_code) ON idempotency_key_archive TO PUBLIC`:                                                                                     "PUBLIC may UPDATE (resource_id, status_code) on idempotency_key_archive",
+		`GRANT INSERT (scoped_key) ON idempotency_key_archive_2026_12 TO PUBLIC`:                                                                                           "PUBLIC may INSERT (scoped_key) on idempotency_key_archive_2026_12",
+		`GRANT UPDATE (ttl_ms) ON idempotency_writers TO idempotency_reader`:                                                                                               "idempotency_reader may UPDATE on idempotency_writers",
+		`GRANT INSERT ON idempotency_archive_recorded_partitions TO PUBLIC`:                                                                                                "PUBLIC may INSERT on idempotency_archive_recorded_partitions",
+		`GRANT DELETE ON idempotency_archive_schema_version TO idempotency_reader`:                                                                                         "idempotency_reader may DELETE on idempotency_archive_schema_version",
+		`ALTER TABLE idempotency_key_archive ENABLE ROW LEVEL SECURITY`:                                                                                                    "idempotency_key_archive has row level security on",
+		`ALTER TABLE idempotency_keys FORCE ROW LEVEL SECURITY`:                                                                                                            "idempotency_keys has row level security on",
+		`ALTER TABLE idempotency_key_archive_2026_12 ENABLE ROW LEVEL SECURITY`:                                                                                            "idempotency_key_archive_2026_12 has row level security on",
+		`CREATE OR REPLACE FUNCTION idempotency_writers_only_grow() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$ BEGIN RETURN NEW; END $$`: "trigger idempotency_writers_only_grow on idempotency_writers is not the one migrate creates",
+		`ALTER FUNCTION idempotency_record_unbounded_writer() SECURITY INVOKER`:                                                                                            "trigger idempotency_keys_unbounded_writer on idempotency_keys is not the one migrate creates",
+		`ALTER FUNCTION idempotency_copy_pending_range() RESET search_path`:                                                                                                "trigger idempotency_copy_pending_range on idempotency_archive_plain_keys_pending is not the one migrate creates",
 	} {
 		t.Run(want, func(t *testing.T) {
 			t.Parallel()
