@@ -75,3 +75,19 @@ func TestRedactHidesASecretsJSONPastedIntoAVariable(t *testing.T) {
 		require.NotContains(t, settings.Redact(line), "S3cretPw42", line)
 	}
 }
+
+// pgx decodes a URL query's keys (pass%77ord is password), so a password
+// given under a percent-encoded key is hidden as ?password= is: any query
+// key written with a percent-escape has its value hidden.
+func TestRedactHidesAValueUnderAPercentEncodedKey(t *testing.T) {
+	t.Parallel()
+	const pw = "Sup3rS3cretPw"
+	for _, line := range []string{
+		`SWEEP_MISSING_PARTITION: want create or fail, got "postgres://db.example.com/app?pass%77ord=` + pw + `"`,
+		`SWEEP_MISSING_PARTITION: want create or fail, got "postgres://db.example.com/app?sslmode=verify-full&%70assword=` + pw + `"`,
+		`DATABASE_MAX_CONNS: not a whole number: "postgres://app@db.example.com/app?pass%77ord=` + pw + `&sslmode=verify-full"`,
+	} {
+		require.NotContains(t, settings.Redact(line), pw, line)
+	}
+	require.Equal(t, "a value with 100% in it", settings.Redact("a value with 100% in it"), "no query key, nothing hidden")
+}

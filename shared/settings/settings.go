@@ -511,6 +511,10 @@ func (r *reader) pause(name string, def time.Duration) time.Duration {
 // quoted or not, and an echoed value is escaped once more (%q), so no
 // shorter match is sure to end after the password.
 //
+// encodedKey matches a URL query key written with a percent-escape
+// (pass%77ord=, which the driver decodes to password=), up to the end of
+// the line as password does: no key the project reads needs one.
+//
 // jsonPassword matches a member whose name ends in "password" (the
 // RDS-generated secret DATABASE_SECRET_ARN names, pasted in its place), up
 // to the end of the line for the same reasons: JSON's, its quotes escaped
@@ -518,6 +522,7 @@ func (r *reader) pause(name string, def time.Duration) time.Duration {
 var (
 	userInfo     = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
 	password     = regexp.MustCompile(`(?i)(password\s*=).*`)
+	encodedKey   = regexp.MustCompile(`([?&][^=&\s]*%[0-9A-Fa-f]{2}[^=&\s]*=).*`)
 	jsonPassword = regexp.MustCompile(`(?i)(password\\*["']?\s*:).*`)
 )
 
@@ -528,5 +533,6 @@ var (
 func Redact(line string) string {
 	line = userInfo.ReplaceAllString(line, "${1}REDACTED@")
 	line = password.ReplaceAllString(line, "${1}REDACTED")
+	line = encodedKey.ReplaceAllString(line, "${1}REDACTED")
 	return jsonPassword.ReplaceAllString(line, "${1}REDACTED")
 }
