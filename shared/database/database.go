@@ -525,6 +525,7 @@ const (
 	CodeInvalidPassword       = "28P01" // password authentication failed
 	CodeLockNotAvailable      = "55P03" // lock_timeout expired
 	CodeQueryCanceled         = "57014" // statement_timeout expired
+	CodeSerializationFailure  = "40001" // under REPEATABLE READ or SERIALIZABLE
 	CodeUndefinedColumn       = "42703"
 	CodeUndefinedFunction     = "42883"
 	CodeUndefinedTable        = "42P01"

@@ -138,10 +138,19 @@ func (ls *leases) record(ctx context.Context, l lease, own *time.Time) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout+registerGrace)
 	defer cancel()
-	b := &pgx.Batch{}
-	b.Queue(leaseSettingsSQL, strconv.FormatInt(timeout.Milliseconds(), 10)+"ms")
-	b.Queue(pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds(), own)
-	return ls.pool.SendBatch(ctx, b).Close()
+	for attempt := 1; ; attempt++ {
+		b := &pgx.Batch{}
+		b.Queue(leaseSettingsSQL, strconv.FormatInt(timeout.Milliseconds(), 10)+"ms")
+		b.Queue(pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds(), own)
+		err := ls.pool.SendBatch(ctx, b).Close()
+		// Under a default_transaction_isolation of REPEATABLE READ or
+		// SERIALIZABLE, a renewal that waited for another process's
+		// renewal of the same row fails so, writing nothing: again, with
+		// a new snapshot, it updates the row that one left.
+		if database.SQLState(err) != database.CodeSerializationFailure || attempt == 3 || ctx.Err() != nil {
+			return err
+		}
+	}
 }
 
 // durationMS rounds d up to whole milliseconds, so a recorded TTL or skew is

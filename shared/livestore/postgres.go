@@ -257,6 +257,13 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 		if token == nil {
 			err = p.insert(ctx, scan, pgRegisterUntokenedSQL, args...)
 		}
+		if database.SQLState(err) == database.CodeSerializationFailure && ctx.Err() == nil {
+			// Under a default_transaction_isolation of REPEATABLE READ
+			// or SERIALIZABLE, a registration that waited for another
+			// of the same key fails so, writing nothing: run again with
+			// a new snapshot, it sees that one's row.
+			continue
+		}
 		if err != nil {
 			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 		}
