@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/provision"
 	"github.com/idemarchive/idemarchive/shared/schema"
+	"github.com/idemarchive/idemarchive/shared/strictjson"
 )
 
 // PhysicalID names the one schema the resource stands for. It never changes,
@@ -144,7 +146,11 @@ func decode(raw map[string]any) (properties, error) {
 			continue
 		}
 		if _, ok := v.(string); !ok {
-			return p, fmt.Errorf("resource property %s must be a string, got %T", k, v)
+			got := "null"
+			if v != nil {
+				got = strictjson.Kind(reflect.TypeOf(v))
+			}
+			return p, fmt.Errorf("resource property %s must be a string, got %s", k, got)
 		}
 	}
 	b, err := json.Marshal(raw)

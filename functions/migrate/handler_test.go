@@ -232,7 +232,12 @@ func TestFailuresAreReportedWithTheirReason(t *testing.T) {
 		"bad user name":     {func(p map[string]any) { p["ReaderUser"] = "Robert'); DROP TABLE" }, `invalid database user name "Robert'); DROP TABLE"`},
 		"shared user":       {func(p map[string]any) { p["ReaderUser"] = p["SweeperUser"] }, "each function needs its own user"},
 		"group role":        {func(p map[string]any) { p["OwnerUser"] = schema.OwnerRole }, "that is a group role"},
-		"not a string":      {func(p map[string]any) { p["LeadMonths"] = 3 }, "LeadMonths must be a string"},
+		"not a string":      {func(p map[string]any) { p["LeadMonths"] = 3 }, "LeadMonths must be a string, got a number"},
+		// In JSON's terms, never Go's ([]interface {}, <nil>).
+		"an array":  {func(p map[string]any) { p["WriterUser"] = []any{"a"} }, "WriterUser must be a string, got an array"},
+		"an object": {func(p map[string]any) { p["WriterUser"] = map[string]any{} }, "WriterUser must be a string, got an object"},
+		"null":      {func(p map[string]any) { p["WriterUser"] = nil }, "WriterUser must be a string, got null"},
+		"a boolean": {func(p map[string]any) { p["WriterUser"] = true }, "WriterUser must be a string, got a boolean"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			// GIVEN a Create event the function must refuse

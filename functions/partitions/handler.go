@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemarchive/idemarchive/shared/fnenv"
 	"github.com/idemarchive/idemarchive/shared/partition"
@@ -83,17 +84,37 @@ func (h *handler) Handle(ctx context.Context, payload json.RawMessage) (partitio
 	if err != nil {
 		return partition.Result{}, err
 	}
-	res, err := m.Run(ctx, opts.DryRun)
+	// The run stops before the invocation's deadline, with time to answer
+	// and log what it did: cut by the platform, it would answer "Task
+	// timed out" alone, and its log line might never be written.
+	runCtx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithDeadline(ctx, deadline.Add(-min(answerMargin, time.Until(deadline)/4)))
+		defer cancel()
+	}
+	res, err := m.Run(runCtx, opts.DryRun)
 	for _, f := range res.Foreign {
 		log.WarnContext(ctx, "partition not managed", "partition", f.Name, "bound", f.Bound, "problem", f.Problem)
 	}
 	if err != nil {
-		log.ErrorContext(ctx, "partition run failed", "error", err, "created", res.Created, "reattached", res.Reattached,
-			"retired", res.Retired, "compacted", res.Compacted, "failed", res.Failed, "refused", res.Refused)
+		log.ErrorContext(ctx, "partition run failed", append([]any{"error", err}, resultAttrs(res)...)...)
 		return res, err
 	}
-	log.InfoContext(ctx, "partition run finished", "dry_run", res.DryRun, "created", res.Created, "reattached", res.Reattached,
-		"retired", res.Retired, "finalized", res.Finalized, "compacted", res.Compacted, "compact_pending", len(res.CompactPending),
-		"dropped_indexes", res.DroppedIndexes, "newest_partition_days", res.NewestPartitionDays)
+	log.InfoContext(ctx, "partition run finished", resultAttrs(res)...)
 	return res, nil
+}
+
+// answerMargin is kept before the invocation's deadline for the run's
+// answer and log line (a quarter of the time left, when that is less).
+const answerMargin = 5 * time.Second
+
+// resultAttrs is every action of a run's result, for its log line: a
+// scheduled run's answer goes nowhere, and a failed invocation's is its
+// error alone, so the line is the record of what the run did.
+func resultAttrs(res partition.Result) []any {
+	return []any{"dry_run", res.DryRun, "created", res.Created, "reattached", res.Reattached, "retired", res.Retired,
+		"finalized", res.Finalized, "adopted", res.Adopted, "compacted", res.Compacted, "compact_pending", res.CompactPending,
+		"dropped_indexes", res.DroppedIndexes, "plain_keys", res.PlainKeys, "failed", res.Failed, "refused", res.Refused,
+		"newest_partition_days", res.NewestPartitionDays}
 }
