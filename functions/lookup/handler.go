@@ -133,10 +133,20 @@ func reserveAnswer(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(ctx, deadline.Add(-min(answerReserve, max(time.Until(deadline), 0)/4)))
 }
 
-func (h *handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+func (h *handler) Invoke(ctx context.Context, payload []byte) (out []byte, err error) {
 	ctx, cancel := reserveAnswer(ctx)
 	defer cancel()
 	requestID := fnenv.RequestID(ctx)
+	// A panic is answered as any internal error (a 500 that names
+	// nothing), in the shape the payload reads as; its stack is logged.
+	// (Deferred in this order: Recover runs first, and must be deferred
+	// itself for recover to stop the panic.)
+	defer func() {
+		if errors.Is(err, fnenv.ErrPanicked) {
+			out, err = h.refuse(ctx, kindOfUnreadable(payload), err, requestID)
+		}
+	}()
+	defer fnenv.Recover(ctx, h.env.Logger, &err)
 	var sh shape
 	if err := json.Unmarshal(payload, &sh); err != nil {
 		return h.refuse(ctx, kindOfUnreadable(payload), badPayload(err), requestID)

@@ -21,7 +21,7 @@ type handler struct {
 func newHandler(env *fnenv.Env) interface {
 	Invoke(context.Context, []byte) ([]byte, error)
 } {
-	return fnenv.Raw((&handler{env: env}).Handle)
+	return fnenv.Raw(env.Logger, (&handler{env: env}).Handle)
 }
 
 // options may override the configured manager for one invocation.

@@ -31,7 +31,7 @@ type handler struct {
 func newHandler(env *fnenv.Env) interface {
 	Invoke(context.Context, []byte) ([]byte, error)
 } {
-	return fnenv.Raw((&handler{env: env}).Handle)
+	return fnenv.Raw(env.Logger, (&handler{env: env}).Handle)
 }
 
 // options may override the configured sweep for one invocation.

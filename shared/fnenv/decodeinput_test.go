@@ -1,8 +1,11 @@
 package fnenv_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -61,7 +64,7 @@ func TestAmbiguousOptionsAreRefused(t *testing.T) {
 func TestRawRefusesAPayloadOfTwoValues(t *testing.T) {
 	t.Parallel()
 	calls := 0
-	h := fnenv.Raw(func(_ context.Context, payload json.RawMessage) (map[string]any, error) {
+	h := fnenv.Raw(slog.New(slog.NewTextHandler(io.Discard, nil)), func(_ context.Context, payload json.RawMessage) (map[string]any, error) {
 		var o options
 		if err := fnenv.DecodeInput(payload, &o); err != nil {
 			return nil, err
@@ -76,4 +79,21 @@ func TestRawRefusesAPayloadOfTwoValues(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `{"dry_run":true,"note":"<&>"}`, string(out), "as aws-lambda-go answers: no HTML escapes, no newline")
 	require.Contains(t, string(out), "<&>", "answered as aws-lambda-go answers, without HTML escapes")
+}
+
+// A panic of the handler is answered ErrPanicked, naming nothing of it;
+// its value and stack go to the log (left to aws-lambda-go, the invoker was
+// answered the stack trace, and the process ended).
+func TestRawAnswersAPanicAsAnErrorNamingNothing(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	h := fnenv.Raw(slog.New(slog.NewJSONHandler(&logs, nil)), func(context.Context, json.RawMessage) (int, error) {
+		panic("secret internals")
+	})
+	out, err := h.Invoke(context.Background(), []byte(`{}`))
+	require.ErrorIs(t, err, fnenv.ErrPanicked)
+	require.Nil(t, out)
+	require.NotContains(t, err.Error(), "secret")
+	require.Contains(t, logs.String(), "secret internals")
+	require.Contains(t, logs.String(), "goroutine")
 }

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -253,16 +254,23 @@ func jsonKind(value []byte) string {
 // handlers decode the first JSON value of a payload and drop the rest: of
 // {"retention_months": 1} {"dry_run": true} a partitions run would act on
 // the first, dropping months. DecodeInput refuses such a payload.
-func Raw[T any](fn func(context.Context, json.RawMessage) (T, error)) interface {
+//
+// A panic of fn is answered ErrPanicked, and logged on logger with its
+// stack (Recover).
+func Raw[T any](logger *slog.Logger, fn func(context.Context, json.RawMessage) (T, error)) interface {
 	Invoke(context.Context, []byte) ([]byte, error)
 } {
-	return rawHandler[T](fn)
+	return rawHandler[T]{fn: fn, logger: logger}
 }
 
-type rawHandler[T any] func(context.Context, json.RawMessage) (T, error)
+type rawHandler[T any] struct {
+	fn     func(context.Context, json.RawMessage) (T, error)
+	logger *slog.Logger
+}
 
-func (h rawHandler[T]) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
-	out, err := h(ctx, payload)
+func (h rawHandler[T]) Invoke(ctx context.Context, payload []byte) (answer []byte, err error) {
+	defer Recover(ctx, h.logger, &err)
+	out, err := h.fn(ctx, payload)
 	if err != nil {
 		return nil, err
 	}
@@ -273,6 +281,20 @@ func (h rawHandler[T]) Invoke(ctx context.Context, payload []byte) ([]byte, erro
 		return nil, fmt.Errorf("encode the answer: %w", err)
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil // as aws-lambda-go answers
+}
+
+// ErrPanicked is the error of an invocation whose handler panicked.
+var ErrPanicked = errors.New("the function failed: its log has the details")
+
+// Recover, deferred in a handler with err its named error, turns a panic
+// into ErrPanicked and logs the panic with its stack on logger: left to
+// aws-lambda-go, the invoker would be answered the stack trace and the
+// process would end.
+func Recover(ctx context.Context, logger *slog.Logger, err *error) {
+	if p := recover(); p != nil {
+		logger.ErrorContext(ctx, "the function panicked", "request_id", RequestID(ctx), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		*err = ErrPanicked
+	}
 }
 
 // objectNames returns the names of a JSON object's members, refusing a name
