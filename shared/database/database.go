@@ -230,9 +230,9 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 	// A cache the mode needs, sized 0 in the URL, fails every query.
 	switch {
 	case cc.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cc.StatementCacheCapacity == 0:
-		return nil, named, configError("URL", "database URL sets statement_cache_capacity=0, which the cache_statement exec mode needs: set DATABASE_EXEC_MODE=exec (or simple_protocol), or leave the capacity out")
+		return nil, named, configError("URL", "database URL sets statement_cache_capacity=0, which the cache_statement exec mode needs: use the exec or simple_protocol mode (DATABASE_EXEC_MODE, or the URL's default_query_exec_mode, not both), or leave the capacity out")
 	case cc.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe && cc.DescriptionCacheCapacity == 0:
-		return nil, named, configError("URL", "database URL sets description_cache_capacity=0, which the cache_describe exec mode needs: set DATABASE_EXEC_MODE=exec (or simple_protocol), or leave the capacity out")
+		return nil, named, configError("URL", "database URL sets description_cache_capacity=0, which the cache_describe exec mode needs: use the exec or simple_protocol mode (DATABASE_EXEC_MODE, or the URL's default_query_exec_mode, not both), or leave the capacity out")
 	}
 	return cfg, named, nil
 }

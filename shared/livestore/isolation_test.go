@@ -3,6 +3,7 @@ package livestore
 import (
 	"context"
 	"crypto/rand"
+	"strconv"
 	"testing"
 	"time"
 
@@ -97,4 +98,39 @@ func waitForLockWait(t *testing.T, db *dbtest.DB, holder pgx.Tx) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("no session waited for the holder's lock")
+}
+
+// A burst of new processes (a scale-out: each renews its lease on its first
+// registration) waiting for one lease row under a stricter isolation: each
+// round lets one through, and every one gets through in turn.
+func TestABurstOfRenewalsUnderAStricterIsolationAllGetThrough(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Partition(t, 0)
+	ctx, fp := context.Background(), dbtest.Fingerprint("a")
+	strict := db.NewPool(t, dbtest.WithParam("default_transaction_isolation", "serializable"))
+	_, err := NewPostgres(db.Pool).Register(ctx, idempotency.Registering{Key: "idem:v1:warm", Fingerprint: fp, TTL: time.Hour})
+	require.NoError(t, err)
+	// GIVEN the lease row held while twelve new stores register
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "UPDATE idempotency_writers SET used_until = used_until + interval '1 second' WHERE ttl_ms = 3600000 AND skew_ms = 0")
+	require.NoError(t, err)
+	const n = 12
+	errs := make(chan error, n)
+	for i := range n {
+		s := NewPostgres(strict)
+		go func() {
+			_, err := s.Register(ctx, idempotency.Registering{Key: "idem:v1:burst" + strconv.Itoa(i), Fingerprint: fp, Token: randomToken(), TTL: time.Hour})
+			errs <- err
+		}()
+	}
+	waitForLockWait(t, db, tx)
+	time.Sleep(200 * time.Millisecond) // let the others queue behind the first
+	require.NoError(t, tx.Commit(ctx))
+	// THEN every registration succeeds
+	for range n {
+		require.NoError(t, <-errs)
+	}
 }

@@ -3,6 +3,7 @@ package livestore
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -138,17 +139,32 @@ func (ls *leases) record(ctx context.Context, l lease, own *time.Time) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout+registerGrace)
 	defer cancel()
-	for attempt := 1; ; attempt++ {
+	// Under a default_transaction_isolation of REPEATABLE READ or
+	// SERIALIZABLE, a renewal that waited for another process's renewal of
+	// the same row fails so, writing nothing: again, with a new snapshot,
+	// it updates the row that one left.
+	return untilSerialized(ctx, func() error {
 		b := &pgx.Batch{}
 		b.Queue(leaseSettingsSQL, strconv.FormatInt(timeout.Milliseconds(), 10)+"ms")
 		b.Queue(pgLeaseSQL, l.ttlMS, l.skewMS, leaseFor.Milliseconds(), own)
-		err := ls.pool.SendBatch(ctx, b).Close()
-		// Under a default_transaction_isolation of REPEATABLE READ or
-		// SERIALIZABLE, a renewal that waited for another process's
-		// renewal of the same row fails so, writing nothing: again, with
-		// a new snapshot, it updates the row that one left.
-		if database.SQLState(err) != database.CodeSerializationFailure || attempt == 3 || ctx.Err() != nil {
+		return ls.pool.SendBatch(ctx, b).Close()
+	})
+}
+
+// untilSerialized runs op, and again after a short random pause while it
+// fails with a serialization failure (40001) and ctx lasts. Such a failure
+// writes nothing; in a burst of writers of one row, each round lets one
+// through, so every one gets through in turn.
+func untilSerialized(ctx context.Context, op func() error) error {
+	for {
+		err := op()
+		if database.SQLState(err) != database.CodeSerializationFailure {
 			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(1+rand.IntN(5)) * time.Millisecond):
 		}
 	}
 }

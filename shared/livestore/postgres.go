@@ -244,26 +244,21 @@ func (p *Postgres) Register(ctx context.Context, req idempotency.Registering) (i
 		var mayBeArchived bool
 		scan := func(row pgx.Row) error { return row.Scan(&live, &ahead, &created, &expires, &mayBeArchived) }
 		args := []any{req.Key, req.Fingerprint, l.ttlMS, l.skewMS, minted, expirySlack.Milliseconds()}
-		var err error
 		token := nonEmpty(req.Token)
-		if token != nil && p.tokens() {
-			err = p.insert(ctx, scan, pgRegisterSQL, append(args, token)...)
-			if p.noTokenColumn(err) {
-				token = nil
+		// Under a default_transaction_isolation of REPEATABLE READ or
+		// SERIALIZABLE, a registration that waited for another of the same
+		// key fails with a serialization failure, writing nothing: run
+		// again with a new snapshot, it sees that one's row.
+		err := untilSerialized(ctx, func() error {
+			if token != nil && p.tokens() {
+				err := p.insert(ctx, scan, pgRegisterSQL, append(args, token)...)
+				if !p.noTokenColumn(err) {
+					return err
+				}
 			}
-		} else {
 			token = nil
-		}
-		if token == nil {
-			err = p.insert(ctx, scan, pgRegisterUntokenedSQL, args...)
-		}
-		if database.SQLState(err) == database.CodeSerializationFailure && ctx.Err() == nil {
-			// Under a default_transaction_isolation of REPEATABLE READ
-			// or SERIALIZABLE, a registration that waited for another
-			// of the same key fails so, writing nothing: run again with
-			// a new snapshot, it sees that one's row.
-			continue
-		}
+			return p.insert(ctx, scan, pgRegisterUntokenedSQL, args...)
+		})
 		if err != nil {
 			return idempotency.Registration{}, fmt.Errorf("register idempotency key: %w", err)
 		}
