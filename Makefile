@@ -45,7 +45,7 @@ build-notice:
 test: lint $(RIE) ## Every test against throwaway PostgreSQL (15, then 17) and Redis (self-provisioning), then the demo
 	$(WITH_SERVICES) $(GO) test $(GOTEST_FLAGS) ./...
 	$(MAKE) --no-print-directory test-pg17
-	$(GO) test $(GOTEST_FLAGS) -tags notrace ./shared/tracing
+	$(GO) test $(GOTEST_FLAGS) -tags notrace ./shared/tracing/...
 	$(MAKE) --no-print-directory infra-test
 	$(MAKE) --no-print-directory demo
 
@@ -80,7 +80,7 @@ synth: build ## Synthesize the CloudFormation template into cdk.out/ offline, fr
 .PHONY: lint
 lint: ## go vet and gofmt (of the notrace build too)
 	$(GO) vet ./...
-	$(GO) vet -tags notrace ./shared/tracing ./functions/...
+	$(GO) vet -tags notrace ./shared/tracing/... ./functions/...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on: $$unformatted"; exit 1; fi
 
@@ -104,7 +104,7 @@ build-local-%:
 .PHONY: bin/lambdalocal
 bin/lambdalocal:
 	@echo "  build  bin/lambdalocal"
-	@CGO_ENABLED=0 $(GO) build -trimpath -tags notrace -o bin/lambdalocal ./cmd/lambdalocal
+	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/lambdalocal ./cmd/lambdalocal
 
 $(RIE):
 	@echo "  install  $(RIE) (the AWS Lambda Runtime Interface Emulator, from the Go module proxy)"
@@ -158,7 +158,7 @@ bin/demo:
 .PHONY: archivectl
 archivectl: ## Build the operator CLI into bin/archivectl
 	@echo "  build  bin/archivectl"
-	@CGO_ENABLED=0 $(GO) build -trimpath -tags notrace -o bin/archivectl ./cmd/archivectl
+	@CGO_ENABLED=0 $(GO) build -trimpath -o bin/archivectl ./cmd/archivectl
 
 .PHONY: db-shell
 db-shell: archivectl ## Throwaway database, migrated and partitioned, with a shell that has DATABASE_URL set

@@ -29,6 +29,7 @@ import (
 	"github.com/idemarchive/idemarchive/shared/settings"
 	"github.com/idemarchive/idemarchive/shared/strictjson"
 	"github.com/idemarchive/idemarchive/shared/tracing"
+	"github.com/idemarchive/idemarchive/shared/tracing/xraytracing"
 )
 
 // Env is one function's execution environment.
@@ -47,6 +48,9 @@ const DefaultMaxConns = 2
 // everything a handler needs. Logs go to stderr as JSON; metric lines to
 // stdout. Neither ever carries the connection string.
 func Load(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) (*Env, error) {
+	// The functions trace with X-Ray (a no-op in a notrace build); the
+	// library packages they share with payment APIs link no tracer.
+	xraytracing.Install()
 	s, err := settings.FromEnv(getenv)
 	if err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)

@@ -1,76 +1,61 @@
-//go:build !notrace
-
-// Package tracing wraps units of work in AWS X-Ray subsegments. It is the only
-// package that imports the X-Ray SDK: that SDK reaches end of support on
-// 2027-02-25, and swapping it for OpenTelemetry must touch this file alone.
+// Package tracing wraps units of work in spans of whichever tracer the
+// process installed. The library packages (archive, sweep, partition) call
+// Span; they link no tracer of their own.
 //
-// Tracing is active only inside Lambda (LAMBDA_TASK_ROOT is set) for an
-// invocation that carries a trace header. Everywhere else — tests, the CLI,
-// a laptop — Span just calls the function: no X-Ray call, no log line, no
-// UDP packet.
-//
-// Built with the notrace tag (make build TRACING=off), the package links no
-// X-Ray code at all and Span only calls the function (notrace.go): the X-Ray
-// SDK's xray package brings grpc and protobuf along, about a third of the
-// lookup function's binary (BENCHMARKS.md).
+// The Lambda functions install X-Ray (package xraytracing) when they start.
+// Every other process links no X-Ray code and Span only calls the function:
+// a payment API behind the idempotency middleware, the CLI, tests. That
+// matters beyond size: the X-Ray SDK reads AWS_XRAY_DAEMON_ADDRESS when its
+// package initializes and panics, before main, on an address it cannot
+// parse or resolve (a sidecar's name not yet in DNS, an IPv6 address). A
+// service that never traces must not be stopped by it.
 //
 //	err := tracing.Span(ctx, "sweep.batch", func(ctx context.Context) error { ... })
 package tracing
 
 import (
 	"context"
-	"os"
-	"strings"
-	"sync"
+	"sync/atomic"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-xray-sdk-go/v2/instrumentation/awsv2"
-	"github.com/aws/aws-xray-sdk-go/v2/strategy/ctxmissing"
-	"github.com/aws/aws-xray-sdk-go/v2/xray"
-	"github.com/aws/aws-xray-sdk-go/v2/xraylog"
 )
 
-var configureOnce sync.Once
-
-// inLambda reports whether the process runs as a Lambda function.
-func inLambda() bool { return os.Getenv(xray.LambdaTaskRootKey) != "" }
-
-func configure() {
-	configureOnce.Do(func() {
-		// A missing segment must never fail or log on a request path. The
-		// logger comes first: Configure itself logs at info level.
-		xray.SetLogger(xraylog.NewDefaultLogger(os.Stderr, xraylog.LogLevelError))
-		_ = xray.Configure(xray.Config{ContextMissingStrategy: ctxmissing.NewDefaultIgnoreErrorStrategy()})
-	})
+// A Tracer records spans and instruments AWS SDK clients. Its methods must
+// return fn's error unchanged and let fn's panic through with its value.
+type Tracer interface {
+	// Span runs fn inside a span called name, recording its error.
+	Span(ctx context.Context, name string, fn func(context.Context) error) error
+	// InstrumentAWS adds spans around every AWS SDK call made with cfg.
+	InstrumentAWS(cfg *aws.Config)
 }
 
-// active reports whether ctx belongs to a traced Lambda invocation. With
-// AWS_XRAY_SDK_DISABLED=true nothing is: the SDK then hands out empty
-// segments, and a panic inside xray.Capture became a nil dereference in
-// its own recovery, losing the panic's value.
-func active(ctx context.Context) bool {
-	if !inLambda() || xray.SdkDisabled() {
-		return false
-	}
-	h, _ := ctx.Value(xray.LambdaTraceHeaderKey).(string)
-	return strings.Contains(h, "Root=")
-}
+// installed holds a *Tracer; nil until Install.
+var installed atomic.Pointer[Tracer]
 
-// Span runs fn inside a subsegment called name, recording its error.
-func Span(ctx context.Context, name string, fn func(context.Context) error) error {
-	if !active(ctx) {
-		return fn(ctx)
-	}
-	configure()
-	return xray.Capture(ctx, name, fn)
-}
-
-// InstrumentAWS adds X-Ray subsegments around every AWS SDK call made with
-// cfg. Outside Lambda it leaves cfg untouched.
-func InstrumentAWS(cfg *aws.Config) {
-	if !inLambda() {
+// Install makes t the process's tracer; a nil t removes it. Call it once at
+// start, before any span: a span already running keeps the tracer it began
+// with.
+func Install(t Tracer) {
+	if t == nil {
+		installed.Store(nil)
 		return
 	}
-	configure()
-	awsv2.AWSV2Instrumentor(&cfg.APIOptions)
+	installed.Store(&t)
+}
+
+// Span runs fn inside a span called name of the installed tracer, or just
+// runs fn when none is installed.
+func Span(ctx context.Context, name string, fn func(context.Context) error) error {
+	if t := installed.Load(); t != nil {
+		return (*t).Span(ctx, name, fn)
+	}
+	return fn(ctx)
+}
+
+// InstrumentAWS has the installed tracer instrument cfg; with none it leaves
+// cfg untouched.
+func InstrumentAWS(cfg *aws.Config) {
+	if t := installed.Load(); t != nil {
+		(*t).InstrumentAWS(cfg)
+	}
 }

@@ -1,4 +1,4 @@
-package tracing
+package xraytracing
 
 import (
 	"os/exec"
