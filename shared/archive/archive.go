@@ -80,6 +80,12 @@ var (
 	ErrMisconfigured = errors.New("archive: misconfigured")
 )
 
+// MinLookupTimeout is the shortest bound on one lookup a caller may set
+// (idempotency.Config.ArchiveTimeout, archiveclient.Lambda.Timeout): no
+// lookup fits in less, so under FailOpen a shorter one would run every key,
+// those the archive holds included, as if the archive were down.
+const MinLookupTimeout = 10 * time.Millisecond
+
 // DefaultStatementTimeout bounds each lookup and investigation query.
 const DefaultStatementTimeout = 3 * time.Second
 

@@ -20,13 +20,16 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/aws/aws-sdk-go-v2/service/lambda/types"
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
 	"github.com/idemarchive/idemarchive/shared/lookupapi"
@@ -53,26 +56,84 @@ type Lambda struct {
 	Client       Invoker
 	FunctionName string
 	// Timeout bounds one invocation, retries included. Default 2s (when
-	// zero); a negative one is refused by Validate (which idempotency.New
-	// calls) and on every lookup, with archive.ErrMisconfigured (never
-	// failed open on). The caller's context may cut it shorter.
+	// zero); one under archive.MinLookupTimeout (a negative one included)
+	// is refused by Validate (which idempotency.New calls) and on every
+	// lookup, with archive.ErrMisconfigured (never failed open on). The
+	// caller's context may cut it shorter.
 	Timeout time.Duration
 }
 
 // Validate reports a client that can never look a key up: no Client, no
-// FunctionName, or a negative Timeout. idempotency.New calls it, so that a
-// middleware is never built on one (under FailOpen, every lookup failing
-// would run every key, those the archive holds included).
+// FunctionName, a Timeout under archive.MinLookupTimeout, or a
+// *lambda.Client that every Invoke would fail before sending anything (one
+// never made with lambda.New or NewFromConfig, one with no region and no
+// endpoint, or a region or endpoint settings the SDK cannot resolve, empty
+// static credentials). idempotency.New calls it, so that a middleware is
+// never built on one (under FailOpen, every lookup failing would run every
+// key, those the archive holds included).
 func (l Lambda) Validate() error {
 	switch {
 	case l.Client == nil || nilPointer(l.Client):
 		return errors.New("archiveclient: Client is not set")
 	case l.FunctionName == "":
 		return errors.New("archiveclient: FunctionName is not set")
-	case l.Timeout < 0:
-		return fmt.Errorf("archiveclient: Timeout must not be negative, got %s", l.Timeout)
+	case l.Timeout != 0 && l.Timeout < archive.MinLookupTimeout:
+		return fmt.Errorf("archiveclient: Timeout must be at least %s (or zero for 2s), got %s: no invocation fits in less", archive.MinLookupTimeout, l.Timeout)
+	}
+	if c, ok := l.Client.(*lambda.Client); ok {
+		return checkSDKClient(c)
 	}
 	return nil
+}
+
+// checkSDKClient refuses an SDK client whose every Invoke would fail before
+// a request is sent. Those failures are no Lambda error code, so a lookup
+// could not tell them from an outage, and FailOpen would run every key.
+func checkSDKClient(c *lambda.Client) error {
+	if reflect.ValueOf(c).Elem().IsZero() {
+		return errors.New("archiveclient: Client was not made with lambda.New or lambda.NewFromConfig")
+	}
+	o := c.Options()
+	if o.Region == "" && o.BaseEndpoint == nil {
+		return errors.New("archiveclient: Client has no AWS region (set AWS_REGION or config.WithRegion): every invocation would fail")
+	}
+	if o.Region != "" && !validRegion(o.Region) {
+		return fmt.Errorf("archiveclient: Client's AWS region %q is not a host name label: every invocation would fail", o.Region)
+	}
+	// The SDK's own endpoint rules, as Invoke applies them.
+	params := lambda.EndpointParameters{
+		Endpoint:     o.BaseEndpoint,
+		UseDualStack: aws.Bool(o.EndpointOptions.UseDualStackEndpoint == aws.DualStackEndpointStateEnabled),
+		UseFIPS:      aws.Bool(o.EndpointOptions.UseFIPSEndpoint == aws.FIPSEndpointStateEnabled),
+	}
+	if o.Region != "" {
+		params.Region = aws.String(o.Region)
+	}
+	if o.EndpointResolverV2 != nil {
+		if _, err := o.EndpointResolverV2.ResolveEndpoint(context.Background(), params); err != nil {
+			return fmt.Errorf("archiveclient: Client's endpoint cannot be resolved: %w: every invocation would fail", err)
+		}
+	}
+	// Static credentials never change: empty ones fail every call. (Other
+	// providers are not called here: they may reach the network, and what
+	// they fail with may pass.)
+	if o.Credentials != nil && aws.IsCredentialsProvider(o.Credentials, credentials.StaticCredentialsProvider{}) {
+		if _, err := o.Credentials.Retrieve(context.Background()); err != nil {
+			return fmt.Errorf("archiveclient: Client's static credentials: %w: every invocation would fail", err)
+		}
+	}
+	return nil
+}
+
+// validRegion reports whether region is what the SDK binds as one: RFC
+// 1123 host labels, none starting or ending with a hyphen, joined by dots.
+func validRegion(region string) bool {
+	for _, label := range strings.Split(region, ".") {
+		if !smithyhttp.ValidHostLabel(label) || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+	}
+	return true
 }
 
 // Lookup invokes the function for scopedKey. A key no lookup accepts is
@@ -124,6 +185,12 @@ func (l Lambda) Lookup(ctx context.Context, scopedKey string, fingerprint []byte
 		// short: the middleware logs this error on every request while
 		// the function fails.
 		return archive.Record{}, fmt.Errorf("%w: function error %s: %s", ErrUnavailable, clip(*out.FunctionError), clip(string(out.Payload)))
+	case out.StatusCode != 0 && out.StatusCode != http.StatusOK:
+		// A RequestResponse invocation the function answered is a 200. A
+		// 202 (queued, not run) or 204 (a dry run) carries no answer of
+		// the function's, whatever its payload says. (Zero is let
+		// through: an Invoker written by hand may not set it.)
+		return archive.Record{}, fmt.Errorf("%w: the invocation's status is %d, not 200: the function did not answer", ErrUnavailable, out.StatusCode)
 	}
 	rec, err := readAnswer(out.Payload, scopedKey)
 	if fingerprint == nil {

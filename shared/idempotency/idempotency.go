@@ -270,7 +270,7 @@ type CompletionArchiver interface {
 }
 
 // MinArchiveTimeout is the shortest ArchiveTimeout New accepts.
-const MinArchiveTimeout = 10 * time.Millisecond
+const MinArchiveTimeout = archive.MinLookupTimeout
 
 // OnArchiveError says what to do when the archive cannot be reached.
 type OnArchiveError int
