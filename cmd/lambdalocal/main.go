@@ -18,6 +18,7 @@ package main
 import (
 	"archive/zip"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -134,15 +136,38 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	event := fs.String("event", "", "JSON event file to send")
 	rie := fs.String("rie", filepath.Join("bin", "tools", "aws-lambda-rie"), "path of aws-lambda-rie")
 	seed := fs.Bool("seed-probe", false, "archive the runbook's probe key idem:v1:probe first")
+	function := fs.String("function", "", "which function the bootstrap is (sweep, partitions, lookup, migrate), for the timeout the stack gives it (default: the bootstrap's directory name)")
+	timeout := fs.Duration("timeout", 0, "the function's timeout, in whole seconds up to 15m (default: AWS_LAMBDA_FUNCTION_TIMEOUT if set, else the deployed function's for this shell's settings)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *bootstrap == "" || *event == "" {
-		return errors.New("usage: lambdalocal invoke -bootstrap PATH -event FILE [-rie PATH] [-seed-probe]")
+		return errors.New("usage: lambdalocal invoke -bootstrap PATH -event FILE [-rie PATH] [-seed-probe] [-function NAME] [-timeout DURATION]")
 	}
 	payload, err := os.ReadFile(*event)
 	if err != nil {
 		return err
+	}
+	if len(payload) > maxSyncPayload {
+		// The emulator would cut it short without a word, and the
+		// function would answer about JSON that ends too soon.
+		return fmt.Errorf("%s is %d bytes: Lambda refuses a synchronous invocation's event over %d bytes (6 MB)", *event, len(payload), maxSyncPayload)
+	}
+	env := functionEnv(os.Environ())
+	if err := checkXRayDaemonAddress(env[xrayDaemonAddress]); err != nil {
+		return err
+	}
+	timeoutSet := false
+	fs.Visit(func(f *flag.Flag) { timeoutSet = timeoutSet || f.Name == "timeout" })
+	name := cmp.Or(*function, filepath.Base(filepath.Dir(*bootstrap)))
+	secs, err := invokeTimeout(timeoutSet, *timeout, env[functionTimeoutVar], name)
+	if err != nil {
+		return err
+	}
+	if secs != "" {
+		env[functionTimeoutVar] = secs
+	} else {
+		delete(env, functionTimeoutVar) // set empty: the emulator's own
 	}
 	if *seed {
 		conn, err := connectForProbe(ctx)
@@ -154,10 +179,6 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return fmt.Errorf("seed probe: %w", err)
 		}
-	}
-	env := functionEnv(os.Environ())
-	if err := checkXRayDaemonAddress(env[xrayDaemonAddress]); err != nil {
-		return err
 	}
 	startCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -178,6 +199,15 @@ func cmdInvoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	pretty.WriteByte('\n')
 	if _, err = stdout.Write(pretty.Bytes()); err != nil {
 		return err
+	}
+	// A Go function always answers JSON: anything else is the emulator's
+	// own word, which it sends with 200 as well ("Task timed out after
+	// 10.00 seconds"): Lambda's Invoke calls that a function error.
+	if !json.Valid(out) {
+		if bytes.HasPrefix(out, []byte("Task timed out")) {
+			return fmt.Errorf("the function timed out: %s", bytes.TrimSpace(out))
+		}
+		return errors.New("the emulator answered in place of the function (no JSON): the function's log above says why")
 	}
 	// The emulator answers a function's error with 200 and an error
 	// object, as Lambda's Invoke does (with X-Amz-Function-Error): the
@@ -613,6 +643,63 @@ func containsSecret(b []byte, secrets []string) bool {
 	return false
 }
 
+// maxSyncPayload is the largest event Lambda accepts for a synchronous
+// invocation (6 MB); the emulator cuts a longer one short.
+const maxSyncPayload = 6 << 20
+
+// functionTimeoutVar is the emulator's setting of the function's timeout,
+// in whole seconds; emulator.Start sets 120 unless the environment given
+// to it does.
+const functionTimeoutVar = "AWS_LAMBDA_FUNCTION_TIMEOUT"
+
+// migrateTimeout is the timeout the stack gives the migrate function.
+const migrateTimeout = 15 * time.Minute
+
+// deployedTimeout returns the timeout the stack gives function for this
+// shell's settings; known is false for a name this command does not know.
+func deployedTimeout(function string) (d time.Duration, known bool, err error) {
+	if function == "migrate" {
+		return migrateTimeout, true, nil
+	}
+	for _, f := range samFunctions {
+		if f.dir == function {
+			t, err := shellTimeouts("the invoked function")
+			return t[f.dir], true, err
+		}
+	}
+	return 0, false, nil
+}
+
+// invokeTimeout returns the function's timeout, in whole seconds, for the
+// emulator: -timeout when given (set), else AWS_LAMBDA_FUNCTION_TIMEOUT
+// from the shell (shellValue, checked), else the deployed function's for
+// this shell's settings, so that a run stops where a deployed one does (the
+// sweep's deadline margin counts from it); "" for a function this command
+// does not know, which gets the emulator's 120 s.
+func invokeTimeout(set bool, flagValue time.Duration, shellValue, function string) (string, error) {
+	var d time.Duration
+	switch {
+	case set:
+		if flagValue < time.Second || flagValue > samMaxTimeout || flagValue%time.Second != 0 {
+			return "", fmt.Errorf("-timeout %s: want whole seconds from 1s to %s, as Lambda takes", flagValue, samMaxTimeout)
+		}
+		d = flagValue
+	case shellValue != "":
+		n, err := strconv.Atoi(shellValue)
+		if err != nil || n < 1 || n > int(samMaxTimeout/time.Second) {
+			return "", fmt.Errorf("%s=%q: want whole seconds from 1 to %d, as Lambda takes", functionTimeoutVar, shellValue, int(samMaxTimeout/time.Second))
+		}
+		return shellValue, nil
+	default:
+		var known bool
+		var err error
+		if d, known, err = deployedTimeout(function); err != nil || !known {
+			return "", err
+		}
+	}
+	return strconv.Itoa(int(d / time.Second)), nil
+}
+
 // samFunctions are the functions of the SAM template, with the timeouts the
 // deployed stack gives them by default (infra/stack: the sweep's is its
 // 5-minute interval less one minute; the partition manager's 5 minutes), so
@@ -665,6 +752,25 @@ func samTimeouts(s settings.Settings) (map[string]time.Duration, error) {
 		}
 	}
 	return out, nil
+}
+
+// shellTimeouts returns samTimeouts for this shell's settings, read with
+// the functions' own rules, alone: the rest of the shell's settings are
+// checked where they are used. who names what gets them, for the error.
+func shellTimeouts(who string) (map[string]time.Duration, error) {
+	shell, err := settings.FromEnv(func(name string) string {
+		switch name {
+		case "SWEEP_STATEMENT_TIMEOUT", "SWEEP_LOCK_TIMEOUT", "SWEEP_DEADLINE_MARGIN", "PARTITION_STATEMENT_TIMEOUT", "PARTITION_LOCK_TIMEOUT":
+			return os.Getenv(name)
+		case "DATABASE_URL":
+			return "postgres://localhost/timeouts-only"
+		}
+		return ""
+	})
+	if err != nil {
+		return nil, fmt.Errorf("this shell's timeouts, given to %s: %s", who, settings.Redact(err.Error()))
+	}
+	return samTimeouts(shell)
 }
 
 func cmdTemplate(args []string, stderr io.Writer) error {
@@ -722,21 +828,7 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 			return errors.New("refusing to write the template: DATABASE_URL's user name holds ':' (a password encoded together with it?): give user and password apart, user:password@host, each percent-encoded on its own")
 		}
 	}
-	// The timeouts are read with the functions' own rules, alone: the
-	// rest of the shell's settings are checked where they are used.
-	shell, err := settings.FromEnv(func(name string) string {
-		switch name {
-		case "SWEEP_STATEMENT_TIMEOUT", "SWEEP_LOCK_TIMEOUT", "SWEEP_DEADLINE_MARGIN", "PARTITION_STATEMENT_TIMEOUT", "PARTITION_LOCK_TIMEOUT":
-			return os.Getenv(name)
-		case "DATABASE_URL":
-			return "postgres://localhost/timeouts-only"
-		}
-		return ""
-	})
-	if err != nil {
-		return fmt.Errorf("this shell's timeouts, which the template's functions get: %s", settings.Redact(err.Error()))
-	}
-	timeouts, err := samTimeouts(shell)
+	timeouts, err := shellTimeouts("the template's functions")
 	if err != nil {
 		return err
 	}
@@ -793,8 +885,8 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 // a file that gets shared, takes the settings alone.)
 // xrayDaemonAddress is the variable the X-Ray SDK reads its daemon's
 // address from when its package initializes, in every binary that links it
-// (the functions, this command and archivectl unless built with the notrace
-// tag): one it cannot parse or resolve panics the binary before main.
+// (the functions, unless built with the notrace tag): one it cannot parse
+// or resolve panics the function before main.
 const xrayDaemonAddress = "AWS_XRAY_DAEMON_ADDRESS"
 
 // checkXRayDaemonAddress refuses a daemon address (the value of

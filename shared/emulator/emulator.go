@@ -61,6 +61,10 @@ func (b *Buffer) String() string {
 	return b.buf.String()
 }
 
+// DefaultTimeoutSeconds is the function's timeout under the emulator unless
+// env sets AWS_LAMBDA_FUNCTION_TIMEOUT (whole seconds).
+const DefaultTimeoutSeconds = 120
+
 // Start runs bootstrap under the emulator at rie, with env as the function's
 // whole environment (plus PATH and HOME), and waits until it listens. Output
 // is also copied to mirror when it is not nil. Ports are picked free just
@@ -95,8 +99,8 @@ func start(ctx context.Context, rie, bootstrap string, env map[string]string, mi
 		return nil, err
 	}
 	cmd := exec.Command(rie, "--runtime-interface-emulator-address", rieAddr, "--runtime-api-address", apiAddr, bootstrap)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "AWS_LAMBDA_FUNCTION_TIMEOUT=120"}
-	for k, v := range env {
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "AWS_LAMBDA_FUNCTION_TIMEOUT=" + strconv.Itoa(DefaultTimeoutSeconds)}
+	for k, v := range env { // later values win: env's timeout, if given
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	e := &Emulator{URL: "http://" + rieAddr, Output: &Buffer{}, cmd: cmd, exited: make(chan struct{})}
