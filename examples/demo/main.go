@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemarchive/idemarchive/shared/emulator"
+	"github.com/idemarchive/idemarchive/shared/idempotency"
 )
 
 type paths struct {
@@ -66,8 +67,11 @@ type demo struct {
 	dbURL  string
 	step   int
 	failed int
-	api    string
-	logs   bytes.Buffer // charges API output, shown on failure
+	// interrupted is set when a step stopped on the run's context
+	// (Ctrl-C, SIGTERM): said as such, not as that step failing.
+	interrupted bool
+	api         string
+	logs        bytes.Buffer // charges API output, shown on failure
 	// run sets this run's keys apart from an earlier run's in the same
 	// database (a DATABASE_URL of yours): their archive rows would answer
 	// this run's first requests 409.
@@ -101,8 +105,55 @@ func (d *demo) check(ok bool, what, detail string) bool {
 }
 
 func (d *demo) fail(what string, err error) bool {
+	if errors.Is(err, context.Canceled) {
+		// The user's Ctrl-C (or SIGTERM), not a failure of the step.
+		d.interrupted = true
+		fmt.Fprintf(d.out, "    stop  interrupted: %s\n", what)
+		return false
+	}
 	return d.check(false, what, err.Error())
 }
+
+// wait waits for dur, or less if ctx ends first; it reports whether dur
+// passed.
+func (d *demo) wait(ctx context.Context, dur time.Duration) bool {
+	t := time.NewTimer(dur)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// whereAreTheKeys counts this run's first n keys in the archive and in the
+// live table.
+func (d *demo) whereAreTheKeys(ctx context.Context, n int) (archived, live int, err error) {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = idempotency.ScopedKey("", d.key(i+1))
+	}
+	conn, err := pgx.Connect(ctx, d.dbURL)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close(ctx)
+	err = conn.QueryRow(ctx, countKeysSQL, keys).Scan(&archived, &live)
+	return archived, live, err
+}
+
+// countKeysSQL counts the keys $1 in the archive and in the live table.
+const countKeysSQL = `
+SELECT (SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = ANY($1)),
+       (SELECT count(*) FROM idempotency_keys WHERE scoped_key = ANY($1))`
 
 func (d *demo) run(ctx context.Context) bool {
 	fmt.Fprintf(d.out, "Idempotency key archive: the runbook end to end (live TTL %s)\n\n", d.ttl)
@@ -111,6 +162,10 @@ func (d *demo) run(ctx context.Context) bool {
 	if ok && d.failed == 0 {
 		fmt.Fprintf(d.out, "All %d checks held: late retries are answered from the archive, never charged twice.\n", d.step)
 		return true
+	}
+	if d.interrupted || ctx.Err() != nil {
+		fmt.Fprintf(d.out, "Interrupted after %d checks (%d failed); everything it started was stopped.\n", d.step, d.failed)
+		return false
 	}
 	fmt.Fprintf(d.out, "%d of %d checks failed.\n", d.failed, d.step)
 	if d.logs.Len() > 0 {
@@ -163,7 +218,9 @@ func (d *demo) steps(ctx context.Context) bool {
 		"an immediate retry replayed the first answer (Idempotent-Replayed: true, same charge id)", "")
 
 	// 5. Keys expire; the sweep function archives them.
-	time.Sleep(d.ttl + 500*time.Millisecond)
+	if !d.wait(ctx, d.ttl+500*time.Millisecond) {
+		return d.fail("wait for the keys to expire", ctx.Err())
+	}
 	sweeper, err := d.function(ctx, "sweep", env)
 	if err != nil {
 		return d.fail("start the sweep function", err)
@@ -177,8 +234,13 @@ func (d *demo) steps(ctx context.Context) bool {
 	if err := d.invoke(ctx, sweeper, "sweep-schedule.json", &swept); err != nil {
 		return d.fail("sweep function", err)
 	}
-	d.check(swept.Moved == 3 && swept.Drained && swept.Backlog == 0,
-		fmt.Sprintf("keys expired after %s; the sweep function moved %d into the archive (backlog %d)", d.ttl, swept.Moved, swept.Backlog), "")
+	// The sweep moves every expired key of the database, an earlier
+	// run's that was interrupted included: this run's three must be
+	// among them, archived and no longer live.
+	archived, live, err := d.whereAreTheKeys(ctx, len(ids))
+	d.check(err == nil && archived == len(ids) && live == 0 && swept.Drained && swept.Backlog == 0,
+		fmt.Sprintf("keys expired after %s; the sweep function moved %d into the archive, this run's %d of %d among them (backlog %d)", d.ttl, swept.Moved, archived, len(ids), swept.Backlog),
+		errText(err))
 
 	// 6. A late retry: 409 with the original resource id, no second charge.
 	status, _, resp, err = d.post(ctx, d.key(1), bodies[0])
