@@ -113,6 +113,19 @@ var errNotHelp = errors.New("not a help request")
 
 type command func(ctx context.Context, e *env, pool *pgxpool.Pool, args []string) error
 
+// helpArg reports whether the argument before any command asks for help:
+// "help", or -h or -help in any spelling the flag package reads as such
+// (--h, --help=true), as after a command.
+func helpArg(arg string) bool {
+	if arg == "help" {
+		return true
+	}
+	fs := flag.NewFlagSet("archivectl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return errors.Is(fs.Parse([]string{arg}), flag.ErrHelp)
+}
+
 var commands = map[string]command{
 	"migrate":    cmdMigrate,
 	"partitions": cmdPartitions,
@@ -125,7 +138,7 @@ var commands = map[string]command{
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 || helpArg(args[0]) {
 		fmt.Fprint(stderr, usage)
 		if len(args) == 0 {
 			return exitError
@@ -134,7 +147,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "archivectl: unknown command %q (run archivectl --help)\n", args[0])
+		// Redacted: a connection string typed before the command.
+		fmt.Fprintf(stderr, "archivectl: unknown command %s (run archivectl --help)\n", settings.Redact(strconv.Quote(args[0])))
 		return exitError
 	}
 	// Every error line is redacted: an argument or a flag's value echoed
@@ -916,6 +930,24 @@ func oneLineText(s string) string {
 	return s
 }
 
+// escapeControls writes every control character of s but newline, tab and
+// carriage return (which oneLine folds into spaces) as its Go escape (\x1b).
+func escapeControls(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) && !unicode.IsSpace(r) }) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) && !unicode.IsSpace(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // print writes text to stdout; an error says the output is incomplete.
 func (e *env) print(text string) error {
 	if _, err := io.WriteString(e.stdout, text); err != nil {
@@ -937,10 +969,13 @@ func (e *env) printJSON(v any) error {
 // oneLine keeps an error message on one line, so that errors never look like
 // stack traces.
 // A multi-line error (pgx reports each connection attempt on a line of its
-// own, often the same one twice) keeps each distinct line once.
+// own, often the same one twice) keeps each distinct line once. A control
+// character left (the flag package echoes a mistyped flag unquoted; an
+// escape sequence in it would reach the terminal) is written as its Go
+// escape.
 func oneLine(err error) string {
 	var parts []string
-	for _, line := range strings.Split(err.Error(), "\n") {
+	for _, line := range strings.Split(escapeControls(err.Error()), "\n") {
 		if line = strings.Join(strings.Fields(line), " "); line != "" && !slices.Contains(parts, line) {
 			parts = append(parts, line)
 		}
