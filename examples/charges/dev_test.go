@@ -42,3 +42,14 @@ func TestABusyPortNamesADDR(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// A connection string pasted into another variable is echoed by its error,
+// which the API prints as it stops: without its password.
+func TestASettingsErrorHidesAPastedPassword(t *testing.T) {
+	t.Parallel()
+	err := run(context.Background(), func(k string) string {
+		return map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/db", "CLOCK_SKEW": "postgres://app:S3cretPw42@db.example/app"}[k]
+	})
+	require.ErrorContains(t, err, "CLOCK_SKEW")
+	require.NotContains(t, err.Error(), "S3cretPw42")
+}

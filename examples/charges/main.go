@@ -43,7 +43,9 @@ func main() {
 func run(ctx context.Context, getenv func(string) string) error {
 	s, err := settings.FromEnv(getenv)
 	if err != nil {
-		return err
+		// A variable's error echoes its value, which may be a connection
+		// string pasted into the wrong one.
+		return errors.New(settings.Redact(err.Error()))
 	}
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	pool, err := database.Open(ctx, s.Database, nil)

@@ -1,9 +1,11 @@
 package settings_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/settings"
@@ -90,4 +92,40 @@ func TestRedactHidesAValueUnderAPercentEncodedKey(t *testing.T) {
 		require.NotContains(t, settings.Redact(line), pw, line)
 	}
 	require.Equal(t, "a value with 100% in it", settings.Redact("a value with 100% in it"), "no query key, nothing hidden")
+}
+
+// libpq and pgx trim space, \t, \n, \r, \v and \f around a key, so
+// "password<TAB>=pw" is a password; an echo with %q writes the blank as
+// `\t`, which must not get the password past Redact, in the key=value form
+// or a secret's JSON, echoed once or twice.
+func TestRedactHidesAPasswordAfterAnEscapedBlank(t *testing.T) {
+	t.Parallel()
+	const pw = "S3cretPw42"
+	for _, blank := range []string{"\t", "\n", "\v", "\r", "\f", " \t "} {
+		conn := "host=db.example.com user=app password" + blank + "=" + pw + " dbname=app"
+		cfg, err := pgconn.ParseConfig(conn)
+		require.NoError(t, err)
+		require.Equal(t, pw, cfg.Password, "pgx reads %q as a password", conn)
+		for _, name := range []string{"SWEEP_MISSING_PARTITION", "CLOCK_SKEW", "DATABASE_MAX_CONNS", "METRICS_NAMESPACE"} {
+			_, err := settings.FromEnv(func(k string) string {
+				switch k {
+				case "DATABASE_URL":
+					return "postgres://127.0.0.1:1/db"
+				case name:
+					return conn
+				}
+				return ""
+			})
+			require.Error(t, err, name)
+			line := settings.Redact(err.Error())
+			require.NotContains(t, line, pw, "%s with blank %q: %s", name, blank, line)
+			require.Contains(t, line, name, "the line still names the variable")
+			twice := settings.Redact(fmt.Sprintf("%q", err.Error()))
+			require.NotContains(t, twice, pw, "echoed twice: %s", twice)
+		}
+		json := `{"username":"app","password"` + blank + `:"` + pw + `"}`
+		require.NotContains(t, settings.Redact(fmt.Sprintf("x: %q", json)), pw, json)
+		require.NotContains(t, settings.Redact(json), pw, json)
+	}
+	require.Equal(t, `mode "password_hint"`, settings.Redact(`mode "password_hint"`), "a word that only starts like the key")
 }

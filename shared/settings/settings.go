@@ -521,10 +521,15 @@ func (r *reader) pause(name string, def time.Duration) time.Duration {
 // or not, a printed Python dict's, YAML's.
 var (
 	userInfo     = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://).*@`)
-	password     = regexp.MustCompile(`(?i)(password\s*=).*`)
+	password     = regexp.MustCompile(`(?i)(password` + blanks + `=).*`)
 	encodedKey   = regexp.MustCompile(`([?&][^=&\s]*%[0-9A-Fa-f]{2}[^=&\s]*=).*`)
-	jsonPassword = regexp.MustCompile(`(?i)(password\\*["']?\s*:).*`)
+	jsonPassword = regexp.MustCompile(`(?i)(password\\*["']?` + blanks + `:).*`)
 )
+
+// blanks matches what may stand between a password's key and its '=' or
+// ':': the blanks libpq trims around a key (space, \t, \n, \r, \v, \f), raw
+// or as an echo with %q writes them (\t, or \\t echoed twice).
+const blanks = `(?:[\t\n\v\f\r ]|\\+[tnrvf])*`
 
 // Redact hides the user and password of any connection string, and the
 // password of a secret's JSON, in an error line: a value echoed back may be

@@ -130,7 +130,8 @@ func Members(object []byte) ([]string, error) {
 }
 
 // Decode decodes the JSON object data into the struct v points to. It
-// refuses what Lossless and Members refuse, a member whose name matches one
+// refuses a value that is not an object (null included), what Lossless and
+// Members refuse, a member whose name matches one
 // of v's fields only regardless of case, and, when known is true, a member
 // that names none of v's fields. Only the object's own members are checked,
 // not those of objects nested in it: decode those from json.RawMessage
@@ -150,6 +151,11 @@ func Decode(data []byte, v any, known bool) error {
 				return fmt.Errorf("member %q is spelt %q", n, f)
 			}
 		}
+	}
+	// encoding/json decodes a null into a struct as nothing at all: the
+	// zero value, and no error. Not an object, so refused as [] or 1 are.
+	if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
+		return errors.New("null is not a JSON object")
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if known {

@@ -80,6 +80,11 @@ func TestDecodeRefusesMembersThatCouldBeReadTwoWays(t *testing.T) {
 		`{"scoped_key":"a"} {"scoped_key":"b"}`:            "data after the JSON object",
 		`{"scoped_key":"a"}]`:                              "data after the JSON object",
 		`{"scoped_key":"\udfff"}`:                          "unpaired surrogate",
+		`null`:                                             "null is not a JSON object",
+		" \n null \t":                                      "null is not a JSON object",
+		`[]`:                                               "cannot unmarshal array",
+		`"x"`:                                              "cannot unmarshal string",
+		`1`:                                                "cannot unmarshal number",
 	} {
 		var v options
 		err := strictjson.Decode([]byte(doc), &v, true)
