@@ -227,6 +227,13 @@ func (c Config) poolConfig() (*pgxpool.Config, settingsNamed, error) {
 	if modeSet {
 		cc.DefaultQueryExecMode = mode
 	}
+	// pgx sends one password to every host it tries, and an IAM token is
+	// signed for one host: a fallback host would refuse it.
+	for _, fb := range cc.Fallbacks {
+		if c.IAMAuth && (fb.Host != cc.Host || fb.Port != cc.Port) {
+			return nil, named, configError("URL", "DATABASE_IAM_AUTH takes one database host: a token is signed for one host, and every host of a multi-host DATABASE_URL would be sent the first one's (name one endpoint, an RDS Proxy's, say)")
+		}
+	}
 	// A cache the mode needs, sized 0 in the URL, fails every query.
 	switch {
 	case cc.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cc.StatementCacheCapacity == 0:
@@ -409,13 +416,6 @@ func Open(ctx context.Context, c Config, awsCfg *aws.Config) (*pgxpool.Pool, err
 		creds, region := awsCfg.Credentials, awsCfg.Region
 		if region == "" || creds == nil {
 			return nil, errors.New("DATABASE_IAM_AUTH needs an AWS region and credentials to sign its tokens: set AWS_REGION (Lambda sets it)")
-		}
-		// pgx sends one password to every host it tries, and a token is
-		// signed for one host: a fallback host would refuse it.
-		for _, fb := range cfg.ConnConfig.Fallbacks {
-			if fb.Host != cfg.ConnConfig.Host || fb.Port != cfg.ConnConfig.Port {
-				return nil, configError("URL", "DATABASE_IAM_AUTH takes one database host: a token is signed for one host, and every host of a multi-host DATABASE_URL would be sent the first one's (name one endpoint, an RDS Proxy's, say)")
-			}
 		}
 		cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
 			endpoint := net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))

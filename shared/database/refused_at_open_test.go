@@ -20,6 +20,12 @@ func TestIAMAuthThatCannotWorkIsRefusedAtOpen(t *testing.T) {
 	ctx := context.Background()
 	_, err := database.Open(ctx, database.Config{URL: "postgres://app@127.0.0.1:5432,127.0.0.1:5433/app?sslmode=disable", IAMAuth: true}, awsConfig("http://127.0.0.1:1"))
 	require.ErrorContains(t, err, "DATABASE_IAM_AUTH takes one database host")
+	// Refused by the configuration's check too, which every component
+	// runs at start: a function's pool opens at its first invocation.
+	_, err = database.Config{URL: "postgres://app@127.0.0.1:5432,127.0.0.1:5433/app?sslmode=disable", IAMAuth: true}.PoolConfig()
+	require.ErrorContains(t, err, "DATABASE_IAM_AUTH takes one database host")
+	_, err = database.Config{URL: "postgres://app@127.0.0.1:5432,127.0.0.1:5433/app?sslmode=disable"}.PoolConfig()
+	require.NoError(t, err, "several hosts without IAM authentication")
 
 	noRegion := awsConfig("http://127.0.0.1:1")
 	noRegion.Region = ""
