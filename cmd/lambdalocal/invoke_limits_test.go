@@ -115,6 +115,17 @@ func TestInvokeTimeouts(t *testing.T) {
 	t.Setenv("SWEEP_DEADLINE_MARGIN", "14m55s")
 	_, err := invokeTimeout(false, 0, "", "sweep")
 	require.ErrorContains(t, err, "leaves no Lambda timeout")
+	// Another function's setting, which no Lambda timeout holds, leaves
+	// this one's alone: the invoked function's is all that is read.
+	require.Equal(t, "10", got(false, 0, "", "lookup"))
+	require.Equal(t, "300", got(false, 0, "", "partitions"))
+	t.Setenv("SWEEP_DEADLINE_MARGIN", "")
+	t.Setenv("PARTITION_STATEMENT_TIMEOUT", "14m")
+	require.Equal(t, "240", got(false, 0, "", "sweep"))
+	require.Equal(t, "10", got(false, 0, "", "lookup"))
+	_, err = invokeTimeout(false, 0, "", "partitions")
+	require.ErrorContains(t, err, "leaves no Lambda timeout 2m0s beyond it")
+	t.Setenv("PARTITION_STATEMENT_TIMEOUT", "")
 	t.Setenv("SWEEP_DEADLINE_MARGIN", "soon")
 	_, err = invokeTimeout(false, 0, "", "sweep")
 	require.ErrorContains(t, err, "SWEEP_DEADLINE_MARGIN")

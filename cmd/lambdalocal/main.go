@@ -663,8 +663,12 @@ func deployedTimeout(function string) (d time.Duration, known bool, err error) {
 	}
 	for _, f := range samFunctions {
 		if f.dir == function {
-			t, err := shellTimeouts("the invoked function")
-			return t[f.dir], true, err
+			shell, err := shellSettings("the invoked function")
+			if err != nil {
+				return 0, true, err
+			}
+			d, err := samTimeout(shell, f.dir)
+			return d, true, err
 		}
 	}
 	return 0, false, nil
@@ -731,33 +735,49 @@ const (
 // batch", and a partitions run shorter than one DDL statement would be cut
 // off midway. Settings no Lambda timeout can hold are refused.
 func samTimeouts(s settings.Settings) (map[string]time.Duration, error) {
-	margin := s.Sweep.WithDefaults().DeadlineMargin
-	p := s.Partitions.WithDefaults()
-	longest := max(p.StatementTimeout, p.LockTimeout)
 	out := map[string]time.Duration{}
 	for _, f := range samFunctions {
-		out[f.dir] = f.timeout
-	}
-	out["sweep"] = max(out["sweep"], margin+samSweepWindow)
-	out["partitions"] = max(out["partitions"], longest+samPartitionsSlack)
-	switch {
-	case out["sweep"] > samMaxTimeout:
-		return nil, fmt.Errorf("the sweep's deadline margin (%s: SWEEP_DEADLINE_MARGIN, by default SWEEP_STATEMENT_TIMEOUT + 5s) leaves no Lambda timeout %s to start batches in: shorten it", margin, samSweepWindow)
-	case out["partitions"] > samMaxTimeout:
-		return nil, fmt.Errorf("PARTITION_STATEMENT_TIMEOUT or PARTITION_LOCK_TIMEOUT (%s) leaves no Lambda timeout %s beyond it: shorten it", longest, samPartitionsSlack)
-	}
-	for f, d := range out {
-		if r := d % time.Second; r != 0 {
-			out[f] = d + time.Second - r // whole seconds (Lambda's unit), up
+		d, err := samTimeout(s, f.dir)
+		if err != nil {
+			return nil, err
 		}
+		out[f.dir] = d
 	}
 	return out, nil
 }
 
-// shellTimeouts returns samTimeouts for this shell's settings, read with
-// the functions' own rules, alone: the rest of the shell's settings are
-// checked where they are used. who names what gets them, for the error.
-func shellTimeouts(who string) (map[string]time.Duration, error) {
+// samTimeout is samTimeouts for the function in directory dir alone, whose
+// timeout another function's settings do not change.
+func samTimeout(s settings.Settings, dir string) (time.Duration, error) {
+	var d time.Duration
+	for _, f := range samFunctions {
+		if f.dir == dir {
+			d = f.timeout
+		}
+	}
+	switch dir {
+	case "sweep":
+		margin := s.Sweep.WithDefaults().DeadlineMargin
+		if d = max(d, margin+samSweepWindow); d > samMaxTimeout {
+			return 0, fmt.Errorf("the sweep's deadline margin (%s: SWEEP_DEADLINE_MARGIN, by default SWEEP_STATEMENT_TIMEOUT + 5s) leaves no Lambda timeout %s to start batches in: shorten it", margin, samSweepWindow)
+		}
+	case "partitions":
+		p := s.Partitions.WithDefaults()
+		longest := max(p.StatementTimeout, p.LockTimeout)
+		if d = max(d, longest+samPartitionsSlack); d > samMaxTimeout {
+			return 0, fmt.Errorf("PARTITION_STATEMENT_TIMEOUT or PARTITION_LOCK_TIMEOUT (%s) leaves no Lambda timeout %s beyond it: shorten it", longest, samPartitionsSlack)
+		}
+	}
+	if r := d % time.Second; r != 0 {
+		d += time.Second - r // whole seconds (Lambda's unit), up
+	}
+	return d, nil
+}
+
+// shellSettings reads this shell's timeouts with the functions' own rules,
+// alone: the rest of the shell's settings are checked where they are used.
+// who names what gets them, for the error.
+func shellSettings(who string) (settings.Settings, error) {
 	shell, err := settings.FromEnv(func(name string) string {
 		switch name {
 		case "SWEEP_STATEMENT_TIMEOUT", "SWEEP_LOCK_TIMEOUT", "SWEEP_DEADLINE_MARGIN", "PARTITION_STATEMENT_TIMEOUT", "PARTITION_LOCK_TIMEOUT":
@@ -768,9 +788,9 @@ func shellTimeouts(who string) (map[string]time.Duration, error) {
 		return ""
 	})
 	if err != nil {
-		return nil, fmt.Errorf("this shell's timeouts, given to %s: %s", who, settings.Redact(err.Error()))
+		return shell, fmt.Errorf("this shell's timeouts, given to %s: %s", who, settings.Redact(err.Error()))
 	}
-	return samTimeouts(shell)
+	return shell, nil
 }
 
 func cmdTemplate(args []string, stderr io.Writer) error {
@@ -828,7 +848,11 @@ func cmdTemplate(args []string, stderr io.Writer) error {
 			return errors.New("refusing to write the template: DATABASE_URL's user name holds ':' (a password encoded together with it?): give user and password apart, user:password@host, each percent-encoded on its own")
 		}
 	}
-	timeouts, err := shellTimeouts("the template's functions")
+	shell, err := shellSettings("the template's functions")
+	if err != nil {
+		return err
+	}
+	timeouts, err := samTimeouts(shell)
 	if err != nil {
 		return err
 	}
