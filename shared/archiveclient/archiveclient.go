@@ -80,36 +80,44 @@ func (l Lambda) Validate() error {
 	case l.Timeout != 0 && l.Timeout < archive.MinLookupTimeout:
 		return fmt.Errorf("archiveclient: Timeout must be at least %s (or zero for 2s), got %s: no invocation fits in less", archive.MinLookupTimeout, l.Timeout)
 	}
-	if c, ok := l.Client.(*lambda.Client); ok {
+	// The SDK's client, or a decorator embedding it (Options promoted).
+	if c, ok := l.Client.(interface{ Options() lambda.Options }); ok {
 		return checkSDKClient(c)
 	}
 	return nil
 }
 
+// defaultResolver is the type of the SDK's own endpoint rules.
+var defaultResolver = reflect.TypeOf(lambda.NewDefaultEndpointResolverV2())
+
 // checkSDKClient refuses an SDK client whose every Invoke would fail before
 // a request is sent. Those failures are no Lambda error code, so a lookup
 // could not tell them from an outage, and FailOpen would run every key.
-func checkSDKClient(c *lambda.Client) error {
-	if reflect.ValueOf(c).Elem().IsZero() {
+func checkSDKClient(c interface{ Options() lambda.Options }) (err error) {
+	o, ok := options(c)
+	if !ok || o.EndpointResolverV2 == nil {
+		// lambda.New sets a resolver; a zero Client (or a decorator
+		// around a nil one) has none, and panics on Invoke.
 		return errors.New("archiveclient: Client was not made with lambda.New or lambda.NewFromConfig")
 	}
-	o := c.Options()
-	if o.Region == "" && o.BaseEndpoint == nil {
-		return errors.New("archiveclient: Client has no AWS region (set AWS_REGION or config.WithRegion): every invocation would fail")
-	}
-	if o.Region != "" && !validRegion(o.Region) {
-		return fmt.Errorf("archiveclient: Client's AWS region %q is not a host name label: every invocation would fail", o.Region)
-	}
-	// The SDK's own endpoint rules, as Invoke applies them.
-	params := lambda.EndpointParameters{
-		Endpoint:     o.BaseEndpoint,
-		UseDualStack: aws.Bool(o.EndpointOptions.UseDualStackEndpoint == aws.DualStackEndpointStateEnabled),
-		UseFIPS:      aws.Bool(o.EndpointOptions.UseFIPSEndpoint == aws.FIPSEndpointStateEnabled),
-	}
-	if o.Region != "" {
-		params.Region = aws.String(o.Region)
-	}
-	if o.EndpointResolverV2 != nil {
+	// The SDK's own endpoint rules, as Invoke applies them. A resolver of
+	// one's own (EndpointResolverV2, or the legacy EndpointResolver that
+	// names its signing region) may need no region: it is trusted.
+	if o.EndpointResolver == nil && reflect.TypeOf(o.EndpointResolverV2) == defaultResolver {
+		if o.Region == "" && o.BaseEndpoint == nil {
+			return errors.New("archiveclient: Client has no AWS region (set AWS_REGION or config.WithRegion): every invocation would fail")
+		}
+		if o.Region != "" && !validRegion(o.Region) {
+			return fmt.Errorf("archiveclient: Client's AWS region %q is not a host name label: every invocation would fail", o.Region)
+		}
+		params := lambda.EndpointParameters{
+			Endpoint:     o.BaseEndpoint,
+			UseDualStack: aws.Bool(o.EndpointOptions.UseDualStackEndpoint == aws.DualStackEndpointStateEnabled),
+			UseFIPS:      aws.Bool(o.EndpointOptions.UseFIPSEndpoint == aws.FIPSEndpointStateEnabled),
+		}
+		if o.Region != "" {
+			params.Region = aws.String(o.Region)
+		}
 		if _, err := o.EndpointResolverV2.ResolveEndpoint(context.Background(), params); err != nil {
 			return fmt.Errorf("archiveclient: Client's endpoint cannot be resolved: %w: every invocation would fail", err)
 		}
@@ -123,6 +131,17 @@ func checkSDKClient(c *lambda.Client) error {
 		}
 	}
 	return nil
+}
+
+// options returns c's options; ok is false when c panics giving them (a
+// decorator embedding a nil *lambda.Client).
+func options(c interface{ Options() lambda.Options }) (o lambda.Options, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return c.Options(), true
 }
 
 // validRegion reports whether region is what the SDK binds as one: RFC
@@ -229,7 +248,20 @@ var misconfiguredCodes = []string{
 
 func misconfigured(err error) bool {
 	var apiErr smithy.APIError
-	return errors.As(err, &apiErr) && slices.Contains(misconfiguredCodes, apiErr.ErrorCode())
+	if errors.As(err, &apiErr) && slices.Contains(misconfiguredCodes, apiErr.ErrorCode()) {
+		return true
+	}
+	// What the SDK fails with before sending anything, on every call, when
+	// its configuration is wrong (and Validate could not see it, behind an
+	// Invoker that hides the client): empty static credentials, and an
+	// endpoint its rules cannot make (no region, say). The rules are a
+	// function of the configuration alone.
+	var empty *credentials.StaticCredentialsEmptyError
+	if errors.As(err, &empty) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "failed to resolve service endpoint") || strings.Contains(msg, "failed to bind endpoint params")
 }
 
 // clip cuts what an answer says to maxErrorPayload bytes for an error line,

@@ -2,13 +2,18 @@ package archiveclient_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
+	smithyendpoints "github.com/aws/smithy-go/endpoints"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemarchive/idemarchive/shared/archive"
@@ -108,5 +113,99 @@ func TestOnlyA200CarriesTheFunctionsAnswer(t *testing.T) {
 	// 200, and 0 from an Invoker written by hand, are read.
 	for _, code := range []int32{200, 0} {
 		require.ErrorIs(t, lookup(code), archive.ErrNotFound, "HTTP %d", code)
+	}
+}
+
+type fixedResolver struct{ u string }
+
+func (f fixedResolver) ResolveEndpoint(_ context.Context, _ lambda.EndpointParameters) (smithyendpoints.Endpoint, error) {
+	u, err := url.Parse(f.u)
+	if err != nil {
+		return smithyendpoints.Endpoint{}, err
+	}
+	return smithyendpoints.Endpoint{URI: *u}, nil
+}
+
+// A client with its own endpoint resolver (the SDK's legacy
+// EndpointResolverWithOptions, which also names the signing region, or an
+// EndpointResolverV2) and no client region invokes fine: the SDK signs and
+// sends every request, and Validate lets it through.
+func TestAClientWithItsOwnResolverAndNoRegionPasses(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":404,"problem":{"code":"key_not_found"}}`))
+	}))
+	t.Cleanup(srv.Close)
+	creds := credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", "")
+	legacy := aws.EndpointResolverWithOptionsFunc(func(service, region string, _ ...interface{}) (aws.Endpoint, error) {
+		return aws.Endpoint{URL: srv.URL, SigningRegion: "eu-west-1"}, nil
+	})
+	for name, client := range map[string]*lambda.Client{
+		"legacy resolver with its signing region": lambda.NewFromConfig(aws.Config{EndpointResolverWithOptions: legacy, Credentials: creds}),
+		"EndpointResolverV2":                      lambda.New(lambda.Options{EndpointResolverV2: fixedResolver{srv.URL}, Credentials: creds}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			before := calls.Load()
+			_, err := client.Invoke(context.Background(), &lambda.InvokeInput{FunctionName: aws.String("idemarchive-lookup"), Payload: []byte(`{}`)})
+			require.NoError(t, err, "the SDK itself cannot invoke with it")
+			require.Equal(t, before+1, calls.Load(), "the request was sent")
+			c := archiveclient.Lambda{Client: client, FunctionName: "idemarchive-lookup"}
+			require.NoError(t, c.Validate(), "Validate refuses a client that invokes")
+			_, err = c.Lookup(context.Background(), "idem:v1:k", nil)
+			require.ErrorIs(t, err, archive.ErrNotFound)
+		})
+	}
+}
+
+// meteredInvoker is an ordinary Invoker decorator (metrics, a circuit
+// breaker) around the SDK's client.
+type meteredInvoker struct{ *lambda.Client }
+
+// The never-invokable SDK clients Validate refuses (no region and no
+// endpoint, as config.LoadDefaultConfig gives on a host without AWS_REGION;
+// empty static credentials) are refused behind a decorator that embeds
+// them too; behind one that hides them, every lookup is
+// archive.ErrMisconfigured, never failed open on.
+func TestANeverInvokableClientBehindADecoratorIsRefused(t *testing.T) {
+	t.Parallel()
+	creds := credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", "")
+	for name, inner := range map[string]*lambda.Client{
+		"no region":                lambda.NewFromConfig(aws.Config{Credentials: creds}),
+		"empty static credentials": lambda.New(lambda.Options{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("", "", "")}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			require.Error(t, archiveclient.Lambda{Client: inner, FunctionName: "idemarchive-lookup"}.Validate(), "bare, it is refused")
+			c := archiveclient.Lambda{Client: meteredInvoker{inner}, FunctionName: "idemarchive-lookup"}
+			_, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
+			require.Error(t, err, "embedded, it is refused")
+
+			c = archiveclient.Lambda{Client: opaqueInvoker{inner}, FunctionName: "idemarchive-lookup"}
+			mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
+			require.NoError(t, err, "hidden, New cannot see it")
+			var ran atomic.Int32
+			w := charge(mw, "archived-key", &ran)
+			_, lerr := c.Lookup(context.Background(), "idem:v1:archived-key", nil)
+			require.EqualValues(t, 0, ran.Load(), "a key the archive may hold ran under FailOpen (%d %s): the lookup error was %v", w.Code, w.Body, lerr)
+			require.ErrorIs(t, lerr, archive.ErrMisconfigured)
+		})
+	}
+}
+
+// opaqueInvoker hides the client it calls.
+type opaqueInvoker struct{ c *lambda.Client }
+
+func (o opaqueInvoker) Invoke(ctx context.Context, in *lambda.InvokeInput, opts ...func(*lambda.Options)) (*lambda.InvokeOutput, error) {
+	return o.c.Invoke(ctx, in, opts...)
+}
+
+// A decorator around a nil or zero client is refused, not a panic.
+func TestADecoratorAroundAClientNeverMadeIsRefused(t *testing.T) {
+	t.Parallel()
+	for name, inner := range map[string]*lambda.Client{"nil": nil, "zero": {}} {
+		c := archiveclient.Lambda{Client: meteredInvoker{inner}, FunctionName: "idemarchive-lookup"}
+		require.ErrorContains(t, c.Validate(), "not made with lambda.New", name)
 	}
 }
