@@ -67,9 +67,10 @@ type demo struct {
 	dbURL  string
 	step   int
 	failed int
-	// interrupted is set when a step stopped on the run's context
+	// interrupted is set when a step stopped on the run's context ctx
 	// (Ctrl-C, SIGTERM): said as such, not as that step failing.
 	interrupted bool
+	ctx         context.Context
 	api         string
 	logs        bytes.Buffer // charges API output, shown on failure
 	// run sets this run's keys apart from an earlier run's in the same
@@ -89,6 +90,15 @@ func newRunID() string {
 }
 
 func (d *demo) check(ok bool, what, detail string) bool {
+	if !ok && d.ctx != nil && d.ctx.Err() != nil {
+		// The user's Ctrl-C (or SIGTERM) made the step fail, not the
+		// system: said once, and the steps left say nothing.
+		d.stop(what)
+		return false
+	}
+	if d.interrupted {
+		return ok
+	}
 	d.step++
 	mark := "ok  "
 	if !ok {
@@ -107,11 +117,18 @@ func (d *demo) check(ok bool, what, detail string) bool {
 func (d *demo) fail(what string, err error) bool {
 	if errors.Is(err, context.Canceled) {
 		// The user's Ctrl-C (or SIGTERM), not a failure of the step.
-		d.interrupted = true
-		fmt.Fprintf(d.out, "    stop  interrupted: %s\n", what)
+		d.stop(what)
 		return false
 	}
 	return d.check(false, what, err.Error())
+}
+
+// stop says, once, that the run was interrupted during what.
+func (d *demo) stop(what string) {
+	if !d.interrupted {
+		d.interrupted = true
+		fmt.Fprintf(d.out, "    stop  interrupted: %s\n", what)
+	}
 }
 
 // wait waits for dur, or less if ctx ends first; it reports whether dur
@@ -156,6 +173,7 @@ SELECT (SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = ANY($1))
        (SELECT count(*) FROM idempotency_keys WHERE scoped_key = ANY($1))`
 
 func (d *demo) run(ctx context.Context) bool {
+	d.ctx = ctx
 	fmt.Fprintf(d.out, "Idempotency key archive: the runbook end to end (live TTL %s)\n\n", d.ttl)
 	ok := d.steps(ctx)
 	fmt.Fprintln(d.out)
