@@ -33,13 +33,17 @@ func TestFlagErrorsEscapeControlCharacters(t *testing.T) {
 		{"lookup", "--x\x1b[2Jy", "k"},
 		{"lookup", "---\x1b]0;owned\x07", "k"},
 		{"sweep", "-=\x1b[31m"},
+		{"lookup", "--x\x9b2Jy", "k"},  // a lone C1 CSI byte, no UTF-8
+		{"sweep", "-\u009b31m\x1b[0m"}, // C1 CSI as UTF-8, and ESC
 	} {
 		r := cli(t, nil, map[string]string{"DATABASE_URL": ""}, args...)
 		t.Logf("%q -> exit %d stderr %q", args, r.code, r.stderr)
 		assert.Equal(t, exitError, r.code)
 		line := strings.TrimSuffix(r.stderr, "\n")
 		assert.False(t, strings.ContainsFunc(line, unicode.IsControl), "raw control character in error line: %q", r.stderr)
-		assert.Contains(t, line, `\x1b`, "the escape is shown, escaped")
+		assert.True(t, strings.Contains(line, `\x1b`) || strings.Contains(line, `\x9b`) || strings.Contains(line, `\u009b`), "the escape is shown, escaped: %q", line)
+		assert.NotContains(t, line, "\x9b", "a raw C1 byte")
+		assert.NotContains(t, line, "\u009b", "a raw C1 character")
 	}
 }
 

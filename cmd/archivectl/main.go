@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -931,19 +932,35 @@ func oneLineText(s string) string {
 }
 
 // escapeControls writes every control character of s but newline, tab and
-// carriage return (which oneLine folds into spaces) as its Go escape (\x1b).
+// carriage return (which oneLine folds into spaces) as its Go escape (\x1b,
+// \u009b), and every byte that is no UTF-8 as \xNN: a lone 0x9b is CSI to a
+// terminal that reads 8-bit controls.
 func escapeControls(s string) string {
-	if !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) && !unicode.IsSpace(r) }) {
+	escape := func(r rune, size int) bool {
+		return r == utf8.RuneError && size == 1 || unicode.IsControl(r) && !unicode.IsSpace(r)
+	}
+	clean := true
+	for i := 0; i < len(s) && clean; {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		clean = !escape(r, size)
+		i += size
+	}
+	if clean {
 		return s
 	}
 	var b strings.Builder
-	for _, r := range s {
-		if unicode.IsControl(r) && !unicode.IsSpace(r) {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case escape(r, size):
 			q := strconv.QuoteRune(r)
 			b.WriteString(q[1 : len(q)-1])
-			continue
+		default:
+			b.WriteString(s[i : i+size])
 		}
-		b.WriteRune(r)
+		i += size
 	}
 	return b.String()
 }

@@ -80,8 +80,11 @@ func (l Lambda) Validate() error {
 	case l.Timeout != 0 && l.Timeout < archive.MinLookupTimeout:
 		return fmt.Errorf("archiveclient: Timeout must be at least %s (or zero for 2s), got %s: no invocation fits in less", archive.MinLookupTimeout, l.Timeout)
 	}
-	// The SDK's client, or a decorator embedding it (Options promoted).
-	if c, ok := l.Client.(interface{ Options() lambda.Options }); ok {
+	// The SDK's client alone: a decorator's own Invoke decides what each
+	// call uses (a region of its own, an answer of its own), so the
+	// options of a client it embeds say nothing. What such a client fails
+	// with before sending is still never failed open on (misconfigured).
+	if c, ok := l.Client.(*lambda.Client); ok {
 		return checkSDKClient(c)
 	}
 	return nil
@@ -93,11 +96,11 @@ var defaultResolver = reflect.TypeOf(lambda.NewDefaultEndpointResolverV2())
 // checkSDKClient refuses an SDK client whose every Invoke would fail before
 // a request is sent. Those failures are no Lambda error code, so a lookup
 // could not tell them from an outage, and FailOpen would run every key.
-func checkSDKClient(c interface{ Options() lambda.Options }) (err error) {
-	o, ok := options(c)
-	if !ok || o.EndpointResolverV2 == nil {
-		// lambda.New sets a resolver; a zero Client (or a decorator
-		// around a nil one) has none, and panics on Invoke.
+func checkSDKClient(c *lambda.Client) error {
+	o := c.Options()
+	if o.EndpointResolverV2 == nil {
+		// lambda.New sets a resolver; a zero Client has none, and
+		// panics on Invoke.
 		return errors.New("archiveclient: Client was not made with lambda.New or lambda.NewFromConfig")
 	}
 	// The SDK's own endpoint rules, as Invoke applies them. A resolver of
@@ -131,17 +134,6 @@ func checkSDKClient(c interface{ Options() lambda.Options }) (err error) {
 		}
 	}
 	return nil
-}
-
-// options returns c's options; ok is false when c panics giving them (a
-// decorator embedding a nil *lambda.Client).
-func options(c interface{ Options() lambda.Options }) (o lambda.Options, ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = false
-		}
-	}()
-	return c.Options(), true
 }
 
 // validRegion reports whether region is what the SDK binds as one: RFC
@@ -253,15 +245,18 @@ func misconfigured(err error) bool {
 	}
 	// What the SDK fails with before sending anything, on every call, when
 	// its configuration is wrong (and Validate could not see it, behind an
-	// Invoker that hides the client): empty static credentials, and an
-	// endpoint its rules cannot make (no region, say). The rules are a
-	// function of the configuration alone.
+	// Invoker that wraps the client): empty static credentials, a region
+	// it cannot bind, and an endpoint its own rules cannot make (no
+	// region, say), the rules being a function of the configuration
+	// alone. A resolver of one's own may fail for a moment (a discovery
+	// service down): its errors carry neither phrase, and stay
+	// ErrUnavailable.
 	var empty *credentials.StaticCredentialsEmptyError
 	if errors.As(err, &empty) {
 		return true
 	}
 	msg := err.Error()
-	return strings.Contains(msg, "failed to resolve service endpoint") || strings.Contains(msg, "failed to bind endpoint params")
+	return strings.Contains(msg, "failed to bind endpoint params") || strings.Contains(msg, "endpoint rule error")
 }
 
 // clip cuts what an answer says to maxErrorPayload bytes for an error line,

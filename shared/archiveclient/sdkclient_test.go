@@ -2,6 +2,8 @@ package archiveclient_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -166,31 +168,30 @@ type meteredInvoker struct{ *lambda.Client }
 
 // The never-invokable SDK clients Validate refuses (no region and no
 // endpoint, as config.LoadDefaultConfig gives on a host without AWS_REGION;
-// empty static credentials) are refused behind a decorator that embeds
-// them too; behind one that hides them, every lookup is
+// empty static credentials) behind a decorator, which Validate does not
+// judge: every lookup fails before sending anything, and is
 // archive.ErrMisconfigured, never failed open on.
-func TestANeverInvokableClientBehindADecoratorIsRefused(t *testing.T) {
+func TestANeverInvokableClientBehindADecoratorIsNeverFailedOpenOn(t *testing.T) {
 	t.Parallel()
 	creds := credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", "")
 	for name, inner := range map[string]*lambda.Client{
 		"no region":                lambda.NewFromConfig(aws.Config{Credentials: creds}),
+		"an unbindable region":     lambda.NewFromConfig(aws.Config{Region: "-eu-west-1", Credentials: creds}),
 		"empty static credentials": lambda.New(lambda.Options{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("", "", "")}),
 	} {
-		t.Run(name, func(t *testing.T) {
-			require.Error(t, archiveclient.Lambda{Client: inner, FunctionName: "idemarchive-lookup"}.Validate(), "bare, it is refused")
-			c := archiveclient.Lambda{Client: meteredInvoker{inner}, FunctionName: "idemarchive-lookup"}
-			_, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
-			require.Error(t, err, "embedded, it is refused")
-
-			c = archiveclient.Lambda{Client: opaqueInvoker{inner}, FunctionName: "idemarchive-lookup"}
-			mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
-			require.NoError(t, err, "hidden, New cannot see it")
-			var ran atomic.Int32
-			w := charge(mw, "archived-key", &ran)
-			_, lerr := c.Lookup(context.Background(), "idem:v1:archived-key", nil)
-			require.EqualValues(t, 0, ran.Load(), "a key the archive may hold ran under FailOpen (%d %s): the lookup error was %v", w.Code, w.Body, lerr)
-			require.ErrorIs(t, lerr, archive.ErrMisconfigured)
-		})
+		for kind, inv := range map[string]archiveclient.Invoker{"embedded": meteredInvoker{inner}, "hidden": opaqueInvoker{inner}} {
+			t.Run(name+", "+kind, func(t *testing.T) {
+				require.Error(t, archiveclient.Lambda{Client: inner, FunctionName: "idemarchive-lookup"}.Validate(), "bare, it is refused")
+				c := archiveclient.Lambda{Client: inv, FunctionName: "idemarchive-lookup"}
+				mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
+				require.NoError(t, err)
+				var ran atomic.Int32
+				w := charge(mw, "archived-key", &ran)
+				_, lerr := c.Lookup(context.Background(), "idem:v1:archived-key", nil)
+				require.EqualValues(t, 0, ran.Load(), "a key the archive may hold ran under FailOpen (%d %s): the lookup error was %v", w.Code, w.Body, lerr)
+				require.ErrorIs(t, lerr, archive.ErrMisconfigured)
+			})
+		}
 	}
 }
 
@@ -201,11 +202,114 @@ func (o opaqueInvoker) Invoke(ctx context.Context, in *lambda.InvokeInput, opts 
 	return o.c.Invoke(ctx, in, opts...)
 }
 
-// A decorator around a nil or zero client is refused, not a panic.
-func TestADecoratorAroundAClientNeverMadeIsRefused(t *testing.T) {
-	t.Parallel()
-	for name, inner := range map[string]*lambda.Client{"nil": nil, "zero": {}} {
-		c := archiveclient.Lambda{Client: meteredInvoker{inner}, FunctionName: "idemarchive-lookup"}
-		require.ErrorContains(t, c.Validate(), "not made with lambda.New", name)
+// discoveryResolver is an EndpointResolverV2 of one's own (which Validate
+// now trusts) that finds the endpoint through a discovery service, as a
+// Cloud Map / Consul / DNS SRV lookup would: its lookup can fail for a
+// moment, and answer again on the next call.
+type discoveryResolver struct {
+	down *atomic.Bool
+	url  string
+}
+
+func (d discoveryResolver) ResolveEndpoint(_ context.Context, _ lambda.EndpointParameters) (smithyendpoints.Endpoint, error) {
+	if d.down.Load() {
+		return smithyendpoints.Endpoint{}, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	}
+	u, _ := url.Parse(d.url)
+	return smithyendpoints.Endpoint{URI: *u}, nil
+}
+
+// A passing failure of a trusted resolver of one's own is an outage, not a
+// configuration every later call fails on: the next call resolves. Taken as
+// archive.ErrMisconfigured, the middleware answers 503 whatever
+// OnArchiveError says, so an operator's FailOpen is not applied.
+func TestAPassingFailureOfOnesOwnResolverIsAnOutage(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":404,"problem":{"code":"key_not_found"}}`))
+	}))
+	t.Cleanup(srv.Close)
+	var down atomic.Bool
+	client := lambda.New(lambda.Options{
+		EndpointResolverV2: discoveryResolver{&down, srv.URL},
+		Credentials:        credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""),
+	})
+	c := archiveclient.Lambda{Client: client, FunctionName: "idemarchive-lookup"}
+	require.NoError(t, c.Validate())
+	mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
+	require.NoError(t, err)
+
+	down.Store(true)
+	_, lerr := c.Lookup(context.Background(), "idem:v1:k", nil)
+	require.NotErrorIs(t, lerr, archive.ErrMisconfigured, "a passing discovery failure was taken for a configuration error: %v", lerr)
+	require.ErrorIs(t, lerr, archiveclient.ErrUnavailable)
+	var ran atomic.Int32
+	w := charge(mw, "k", &ran)
+	require.EqualValues(t, 1, ran.Load(), "FailOpen was not applied to an outage: answered %d %s", w.Code, w.Body)
+
+	down.Store(false) // the next call works: it was never a configuration error
+	_, lerr = c.Lookup(context.Background(), "idem:v1:k", nil)
+	require.ErrorIs(t, lerr, archive.ErrNotFound)
+}
+
+// regionalInvoker is a decorator that embeds the SDK client (so that the
+// rest of its API is at hand) and overrides Invoke to name the region of
+// each call itself (a regional failover): the embedded client's own options
+// have no region, and every invocation works.
+type regionalInvoker struct {
+	*lambda.Client
+	region string
+}
+
+func (r regionalInvoker) Invoke(ctx context.Context, in *lambda.InvokeInput, opts ...func(*lambda.Options)) (*lambda.InvokeOutput, error) {
+	return r.Client.Invoke(ctx, in, append(opts, func(o *lambda.Options) { o.Region = r.region })...)
+}
+
+// stubInvoker embeds a nil *lambda.Client (to satisfy a wider interface of
+// the application's) and answers Invoke itself, never touching it.
+type stubInvoker struct {
+	*lambda.Client
+}
+
+func (stubInvoker) Invoke(context.Context, *lambda.InvokeInput, ...func(*lambda.Options)) (*lambda.InvokeOutput, error) {
+	return &lambda.InvokeOutput{StatusCode: 200, Payload: []byte(`{"status":404,"problem":{"code":"key_not_found"}}`)}, nil
+}
+
+// A decorator that overrides Invoke decides what an invocation uses; the
+// options of a client it embeds say nothing about it, and it is not refused
+// on them.
+func TestADecoratorOverridingInvokeIsNotJudgedByTheClientItEmbeds(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":404,"problem":{"code":"key_not_found"}}`))
+	}))
+	t.Cleanup(srv.Close)
+	creds := credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", "")
+	noRegion := lambda.New(lambda.Options{Credentials: creds}, func(o *lambda.Options) {
+		o.HTTPClient = &http.Client{Transport: redirectTo(srv.URL)}
+	})
+	for name, inv := range map[string]archiveclient.Invoker{
+		"regional failover decorator": regionalInvoker{noRegion, "eu-west-1"},
+		"stub embedding a nil client": stubInvoker{},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, ierr := inv.Invoke(context.Background(), &lambda.InvokeInput{FunctionName: aws.String("idemarchive-lookup"), Payload: []byte(`{"scoped_key":"idem:v1:k"}`)})
+			require.NoError(t, ierr, "the Invoker itself works")
+			require.EqualValues(t, 200, out.StatusCode)
+			c := archiveclient.Lambda{Client: inv, FunctionName: "idemarchive-lookup"}
+			_, lerr := c.Lookup(context.Background(), "idem:v1:k", nil)
+			_, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailClosed})
+			require.NoError(t, err, "a working Invoker is refused (its lookup, Validate aside, would be: %v)", lerr)
+		})
+	}
+}
+
+// redirectTo sends every request to base (the test's function).
+type redirectTo string
+
+func (r redirectTo) RoundTrip(req *http.Request) (*http.Response, error) {
+	u, _ := url.Parse(string(r))
+	req = req.Clone(req.Context())
+	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+	return http.DefaultTransport.RoundTrip(req)
 }
