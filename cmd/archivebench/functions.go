@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -38,6 +40,22 @@ type functionResult struct {
 	ZipVsBaseline    float64     `json:"zip_vs_baseline"`
 	InitVsBaseline   float64     `json:"init_vs_baseline"`
 	FirstAnswerBytes int         `json:"first_answer_bytes"`
+	// LinksXRay says whether the bootstrap links the X-Ray SDK, read from
+	// its build information; nil in a run made before it was recorded.
+	LinksXRay *bool `json:"links_xray,omitempty"`
+}
+
+// xrayModule is the X-Ray SDK's module, in a build's dependencies when it
+// links the SDK (a notrace build does not).
+const xrayModule = "github.com/aws/aws-xray-sdk-go/v2"
+
+// linksXRay reports whether the binary at path links the X-Ray SDK.
+func linksXRay(path string) (bool, error) {
+	bi, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return false, fmt.Errorf("read the build information of %s: %w", path, err)
+	}
+	return slices.ContainsFunc(bi.Deps, func(m *debug.Module) bool { return m.Path == xrayModule }), nil
 }
 
 type functionsSection struct {
@@ -130,6 +148,11 @@ func benchFunctions(ctx context.Context, base, bin, events, rie string, starts i
 		if res.ZipBytes, err = fileSize(f.zip); err != nil {
 			return sec, err
 		}
+		xray, err := linksXRay(f.bootstrap)
+		if err != nil {
+			return sec, err
+		}
+		res.LinksXRay = &xray
 		payload := []byte(`{}`)
 		if f.event != "" {
 			if payload, err = eventPayload(f.event, cfn.URL); err != nil {

@@ -160,8 +160,14 @@ func benchLookup(ctx context.Context, base string, months []int, perMonth, looku
 // hour ago), a third of each key shape, the key's timestamp at created_at.
 func loadArchiveMonth(ctx context.Context, db *benchDB, g *keyGen, month time.Time, perMonth int, recent bool, s *keySamples) error {
 	end := month.AddDate(0, 1, 0)
-	if limit := time.Now().Add(-time.Hour); limit.Before(end) {
+	now := time.Now()
+	if limit := now.Add(-time.Hour); limit.Before(end) {
 		end = limit
+	}
+	if !end.After(month) && now.After(month) {
+		// The first hour of the month: its rows expired in the half of
+		// it that has passed.
+		end = month.Add(now.Sub(month) / 2)
 	}
 	span := end.Sub(month)
 	if span <= 0 {

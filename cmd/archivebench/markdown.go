@@ -67,6 +67,8 @@ func (r *report) tables() string {
 				mb(traced.BootstrapBytes), mb(untraced.BootstrapBytes), 100*(1-float64(untraced.BootstrapBytes)/float64(traced.BootstrapBytes)),
 				mb(traced.ZipBytes), mb(untraced.ZipBytes), traced.ColdStartMS, untraced.ColdStartMS, ratio(traced.ColdStartMS, untraced.ColdStartMS),
 				traced.Init.ClockMS, untraced.Init.ClockMS)
+		} else if traced, _, _ := xrayCost(fn.Functions); traced.LinksXRay != nil && !*traced.LinksXRay {
+			w("\nThe lookup of this run links no X-Ray SDK (`make bench TRACING=off`): what the SDK costs it was not measured.\n")
 		}
 		w("\nWhat each dependency's package init costs (median run with GODEBUG=inittrace=1, top groups):\n\n")
 		w("| Function | dependency: init ms |\n| --- | --- |\n")
@@ -200,8 +202,8 @@ func (r *report) document(tables string) string {
 		w("As deployed, p is %.0f ms (SWEEP_PAUSE's default) and r %g (SWEEP_PAUSE_RATIO's): each pause is p + r × the time the sweeper worked since the last, jittered by ±25%%; with the fixed pause alone, r is 0 (the sweeper as deployed before the ratio); flat out, both are 0. ", t.DeployedPauseMS, *t.DeployedPauseRatio)
 	}
 	w("The sweeper's rows/s are the rows it moved while the writers ran over that time; its batch p95 is of each batch's own time (`sweep.Progress.Took`: its transaction, without the pause before it), and sweeper busy is the part of the writers' window the sweeper spent in batches (each batch clipped to the window; at least that much, as the batch still running when the writers finish is canceled unreported). ")
-	w("In the closed-loop cases each writer starts its next operation when the last one ends, so the writers keep the machine's 2 cores saturated and any work beside them, the sweeper's included, takes its share of the CPU out of their latency. ")
-	w("In the open-loop cases (a database with headroom, as a payment API runs one) operations arrive at a quarter of the closed-loop baseline's throughput in the first round, operation n due at start + n/rate; each is timed from when it started, and how late it started after it was due is reported apart (start lag p99: the load generator's own timer precision on 2 busy cores, and any wait for a free writer), so that the generator's lag does not count as the live store's latency on both sides; the 'p99 vs no sweeper' of those cases is against the open-loop baseline, and a ratio is worth as much as the per-round p99s agree. ")
+	w("In the closed-loop cases each writer starts its next operation when the last one ends, so the writers keep the machine's %s saturated and any work beside them, the sweeper's included, takes its share of the CPU out of their latency. ", cores(r.Machine.Cores))
+	w("In the open-loop cases (a database with headroom, as a payment API runs one) operations arrive at a quarter of the closed-loop baseline's throughput in the first round, operation n due at start + n/rate; each is timed from when it started, and how late it started after it was due is reported apart (start lag p99: the load generator's own timer precision on %s, busy, and any wait for a free writer), so that the generator's lag does not count as the live store's latency on both sides; the 'p99 vs no sweeper' of those cases is against the open-loop baseline, and a ratio is worth as much as the per-round p99s agree. ", cores(r.Machine.Cores))
 	w("The cases run in rounds of alternating order (the closed-loop cases, then the open-loop ones, each group in order, then reversed) and each case's operations are pooled.\n\n")
 	w("%s\n", compactMethod)
 	w("The fault tests (crashes, terminated backends, races, fuzzing) are tests, not figures: they run in `make test`, and `make fuzz` runs the fuzzers longer.\n")
@@ -396,8 +398,8 @@ func (r *report) capacity(w func(string, ...any)) {
 	}
 	tenTiB := 10.0 * (1 << 40)
 	threshold := tenTiB / (3650 * perRow)
-	w("**When to move to Aurora PostgreSQL.** The archive's writes are small (the sweep of 10,000,000 keys a day takes %s on these 2 cores), so the move is about storage and reads, not write throughput:\n\n",
-		durationHuman(1e7/c.RowsPerSec))
+	w("**When to move to Aurora PostgreSQL.** The archive's writes are small (the sweep of 10,000,000 keys a day takes %s on this machine's %s), so the move is about storage and reads, not write throughput:\n\n",
+		durationHuman(1e7/c.RowsPerSec), cores(r.Machine.Cores))
 	w("- when the archive will pass about 10 TiB within its retention: at %.0f B/row that is about %s keys a day kept for ten years. RDS gp3 volumes are provisioned (up to 64 TiB) and a snapshot restore or a new replica copies the whole volume; Aurora storage grows by itself to 128 TiB and a replica or a clone shares it;\n",
 		perRow, thousands(int64(threshold)))
 	w("- when lookups need replicas: the lookup is on a payment's path, and Aurora replicas read the same storage with lag usually under 100 ms, so a key the sweep archived a moment ago is answered from a replica too; RDS read replicas replay the sweep's WAL (%s a day at 10,000,000 keys a day, before full-page images) and can lag further;\n",
@@ -436,7 +438,8 @@ func durationHuman(seconds float64) string {
 }
 
 // xrayCost returns the lookup function's figures with and without the X-Ray
-// SDK, when the run measured both.
+// SDK, when the run measured both: under make bench TRACING=off the lookup
+// itself links no X-Ray, and the two are one build measured twice.
 func xrayCost(fns []functionResult) (traced, untraced functionResult, ok bool) {
 	var found int
 	for _, f := range fns {
@@ -447,7 +450,8 @@ func xrayCost(fns []functionResult) (traced, untraced functionResult, ok bool) {
 			untraced, found = f, found|2
 		}
 	}
-	return traced, untraced, found == 3 && traced.BootstrapBytes > 0
+	links := func(f functionResult, want bool) bool { return f.LinksXRay == nil || *f.LinksXRay == want }
+	return traced, untraced, found == 3 && traced.BootstrapBytes > 0 && links(traced, true) && links(untraced, false)
 }
 
 // parentIndexLocks is what the exec-mode note adds on a server whose planner
@@ -459,4 +463,12 @@ func parentIndexLocks(version string) string {
 		return ""
 	}
 	return fmt.Sprintf(" (on this server, PostgreSQL %d, the partitioned table's own indexes too: two more locks per statement on the archive than on 15)", major)
+}
+
+// cores names the machine's cores for the report's prose.
+func cores(n int) string {
+	if n == 1 {
+		return "1 core"
+	}
+	return fmt.Sprintf("%d cores", n)
 }

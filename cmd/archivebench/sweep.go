@@ -247,10 +247,16 @@ func loadLiveSource(ctx context.Context, db *benchDB, rows, unexpired int, p *pr
 // with the archive: left full, every contender after the first would find
 // each of its plain keys already indexed (ON CONFLICT DO NOTHING, no insert)
 // and be timed doing less work than the first.
+// emptyArchiveSQL empties the archive and the plain keys' index with it:
+// left full, a later contender's sweeper would meet every plain key already
+// indexed, and do other work than the first (a unique violation, then the
+// insert again with ON CONFLICT).
+const emptyArchiveSQL = "TRUNCATE idempotency_key_archive, idempotency_archive_plain_keys"
+
 func reloadLive(ctx context.Context, db *benchDB) error {
 	for _, sql := range []string{
 		"TRUNCATE idempotency_keys",
-		"TRUNCATE idempotency_key_archive, idempotency_archive_plain_keys",
+		emptyArchiveSQL,
 		"INSERT INTO idempotency_keys (" + liveColumns + ") SELECT " + liveColumns + " FROM bench_live_source ORDER BY expires_at",
 		"VACUUM (ANALYZE) idempotency_keys",
 		"ANALYZE idempotency_key_archive",

@@ -332,7 +332,7 @@ const refillTrafficSQL = "INSERT INTO idempotency_keys (" + liveColumns + ") SEL
 func reloadTrafficLive(ctx context.Context, db *benchDB) error {
 	for _, sql := range []string{
 		"TRUNCATE idempotency_keys",
-		"TRUNCATE idempotency_key_archive",
+		emptyArchiveSQL,
 		refillTrafficSQL,
 		"VACUUM (ANALYZE) idempotency_keys",
 		"ANALYZE idempotency_key_archive",
@@ -392,7 +392,7 @@ func (l *sweeperLoop) run(ctx context.Context, db *benchDB, parts *partition.Man
 		// Drained before the writers finished: load the backlog again.
 		l.reloads.Add(1)
 		p.Update("the backlog drained: reloading it")
-		for _, sql := range []string{"TRUNCATE idempotency_key_archive", refillTrafficSQL} {
+		for _, sql := range []string{emptyArchiveSQL, refillTrafficSQL} {
 			if _, err := db.Pool.Exec(ctx, sql); err != nil {
 				if ctx.Err() != nil {
 					return nil
