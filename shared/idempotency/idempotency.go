@@ -772,7 +772,7 @@ func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []by
 	if rec.resourceID != nil {
 		c.ResourceID = *rec.resourceID
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeBudget)
+	cctx, cancel := completionContext(ctx)
 	defer cancel()
 	retrying(cctx, completeAttempts, completeBackoff, func(attempt int) bool {
 		err := m.cfg.Store.Complete(cctx, scoped, c)
@@ -794,6 +794,24 @@ func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []by
 		m.cfg.Logger.ErrorContext(ctx, "idempotency: live store complete failed", "error", err, "attempt", attempt)
 		return errors.Is(err, ErrNotInFlight)
 	})
+}
+
+// completionContext bounds the recording of an outcome: completeBudget,
+// whether or not the client is still there (its cancellation is dropped),
+// and the request's deadline while it lies ahead. That deadline may be the
+// process's end (a Lambda invocation's): a store that sees it keeps what it
+// can before it (the Redis store stops a stalled archive write in time to
+// keep its hash without expiry), where a completion left to run past it
+// would be cut off with nothing recorded, and the key run again after its
+// window. A deadline already passed when the handler returns is not kept:
+// a server that let the handler outlive it lets the outcome be recorded.
+func completionContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeBudget)
+	if d, ok := ctx.Deadline(); ok && time.Until(d) > 0 {
+		dctx, dcancel := context.WithDeadline(cctx, d)
+		return dctx, func() { dcancel(); cancel() }
+	}
+	return cctx, cancel
 }
 
 // retrying calls try (with 1, 2, ...) until it returns true, attempts
