@@ -192,8 +192,8 @@ type Partition struct {
 	// Bound is PostgreSQL's text of the bound (pg_get_expr under TimeZone UTC).
 	Bound string `json:"bound,omitempty"`
 	// unreadable marks a bound that is not a timestamp range this package
-	// reads (a BC date, a year past 9999): From and To are then unknown, not
-	// unbounded.
+	// reads (a BC date, a year past 9999, an upper bound at the first
+	// instant of year 1): From and To are then unknown, not unbounded.
 	unreadable bool
 	// owner is the partition's owner; owned says whether the session's
 	// user has its privileges, which DROP TABLE needs (DETACH needs only
@@ -278,8 +278,11 @@ func (p Partition) readable() bool { return !p.Default && !p.unreadable }
 // date, a year past 9999).
 func (p Partition) Readable() bool { return p.readable() }
 
+// isMonth reports whether [from, to) is one UTC month. The zero time is the
+// start of January of year 1 as well as "no lower bound": the manager makes
+// that month FROM (MINVALUE), so that bound is its month too.
 func isMonth(from, to time.Time) bool {
-	return !from.IsZero() && from.Equal(MonthStart(from)) && to.Equal(from.AddDate(0, 1, 0))
+	return from.Equal(MonthStart(from)) && to.Equal(from.AddDate(0, 1, 0))
 }
 
 // Foreign is a partition the manager does not manage, in a Result.
@@ -1992,7 +1995,12 @@ func parseBound(s string) (from, to time.Time, err error) {
 	if from, err = parseTimestamp(m[1]); err != nil {
 		return from, to, err
 	}
-	to, err = parseTimestamp(m[2])
+	if to, err = parseTimestamp(m[2]); err == nil && to.IsZero() && m[2] != "MAXVALUE" && m[2] != "'infinity'" {
+		// The first instant of year 1 as an upper bound: the zero time
+		// would read it as none, a partition of every month. (As a lower
+		// bound it is no bound at all, for the rows this package keeps.)
+		return from, to, fmt.Errorf("unexpected partition bound %q", s)
+	}
 	return from, to, err
 }
 
