@@ -796,22 +796,31 @@ func (m *Middleware) complete(ctx context.Context, scoped string, fp, token []by
 	})
 }
 
-// completionContext bounds the recording of an outcome: completeBudget,
+// completionContext bounds the recording of an outcome by completeBudget,
 // whether or not the client is still there (its cancellation is dropped),
-// and the request's deadline while it lies ahead. That deadline may be the
-// process's end (a Lambda invocation's): a store that sees it keeps what it
-// can before it (the Redis store stops a stalled archive write in time to
-// keep its hash without expiry), where a completion left to run past it
-// would be cut off with nothing recorded, and the key run again after its
-// window. A deadline already passed when the handler returns is not kept:
-// a server that let the handler outlive it lets the outcome be recorded.
+// and carries the request's deadline for RequestDeadline.
 func completionContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeBudget)
-	if d, ok := ctx.Deadline(); ok && time.Until(d) > 0 {
-		dctx, dcancel := context.WithDeadline(cctx, d)
-		return dctx, func() { dcancel(); cancel() }
+	if d, ok := ctx.Deadline(); ok {
+		cctx = context.WithValue(cctx, requestDeadlineKey{}, d)
 	}
 	return cctx, cancel
+}
+
+type requestDeadlineKey struct{}
+
+// RequestDeadline returns the deadline of the request whose outcome a
+// Store.Complete call with ctx records, if it had one. The completion runs
+// on past it, for up to 10 s in all (a server that lets handlers outlive
+// their deadline, as http.TimeoutHandler does, records the outcome through
+// a database blip), but that deadline may be the process's end (a Lambda
+// invocation's): a store with a step that keeps the outcome safe should
+// take it before that deadline while it lies ahead. The Redis store stops a
+// stalled archive write in time to keep its hash without expiry; its next
+// attempt, after the deadline, writes the row.
+func RequestDeadline(ctx context.Context) (time.Time, bool) {
+	d, ok := ctx.Value(requestDeadlineKey{}).(time.Time)
+	return d, ok
 }
 
 // retrying calls try (with 1, 2, ...) until it returns true, attempts

@@ -415,8 +415,8 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 }
 
 // archiveOutcome writes the archive row of a completion, ending
-// redisReserve before ctx's deadline (half the time left, when that is
-// less): the Redis steps after it must still have time to run, above all
+// redisReserve before ctx's deadline, or the request's while it lies ahead
+// (half the time left, when that is less): the Redis steps after it must still have time to run, above all
 // the one that keeps the hash without expiry when the row could not be
 // written. An archive that stalls (a lock held by a migration or a DDL
 // statement) would otherwise use up the whole deadline, and the hash,
@@ -424,7 +424,13 @@ func (s *Redis) Complete(ctx context.Context, key string, c idempotency.Completi
 // it would run the operation again. A slow archive keeps nearly all of a
 // first attempt's time.
 func (s *Redis) archiveOutcome(ctx context.Context, key string, c idempotency.Completion, created, expires time.Time) error {
-	if deadline, ok := ctx.Deadline(); ok {
+	deadline, ok := ctx.Deadline()
+	// The request's own deadline, while it lies ahead, comes first: it
+	// may be the process's end (idempotency.RequestDeadline).
+	if d, rok := idempotency.RequestDeadline(ctx); rok && time.Until(d) > 0 && (!ok || d.Before(deadline)) {
+		deadline, ok = d, true
+	}
+	if ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-min(redisReserve, time.Until(deadline)/2)))
 		defer cancel()

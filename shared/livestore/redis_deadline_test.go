@@ -15,11 +15,11 @@ import (
 	"github.com/idemarchive/idemarchive/shared/idempotency"
 )
 
-// The middleware records an outcome within the request's deadline (a
-// Lambda invocation's, the process's end), not past it: with the archive
-// stalled on a lock, the Redis store stops its archive write in time to keep
-// the hash completed and without expiry before the deadline. Run past it,
-// the completion left the hash in flight with its expiry at the deadline,
+// A Redis completion keeps its outcome safe within the request's deadline
+// (a Lambda invocation's is the process's end): with the archive stalled
+// on a lock, the store stops its archive write in time to keep the hash
+// completed and without expiry before the deadline. Run past it, the
+// completion left the hash in flight with its expiry at the deadline,
 // recorded nowhere else, and a retry after window + 15 min would run the
 // charge again.
 func TestARedisCompletionKeepsTheOutcomeWithinTheRequestsDeadline(t *testing.T) {
@@ -75,22 +75,18 @@ func TestARedisCompletionKeepsTheOutcomeWithinTheRequestsDeadline(t *testing.T) 
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", key).Scan(&archived))
 	t.Logf("at the request's deadline: handler calls %d, hash state %q, PTTL %s, archive rows %d", calls.Load(), h["state"], pttl, archived)
 
-	var answered time.Time
-	select {
-	case answered = <-done:
-	case <-time.After(15 * time.Second):
-	}
-	require.NoError(t, stall.Rollback(ctx))
-	if answered.IsZero() {
-		answered = <-done
-	}
-	t.Logf("answer %d %s; the hash then: %q PTTL %s", w.Code, w.Body.String(),
-		s.client.HGet(ctx, s.prefix+key, "state").Val(), s.client.PTTL(ctx, s.prefix+key).Val())
-	t.Logf("the answer was sent %s after the request's deadline", answered.Sub(deadline).Round(time.Millisecond))
-
-	require.EqualValues(t, 1, calls.Load(), "the handler ran")
-	require.True(t, answered.Before(deadline.Add(time.Second)), "answered %s after the deadline", answered.Sub(deadline))
 	require.True(t, archived > 0 || (h["state"] == "completed" && pttl == -1),
 		"at the request's deadline the charge's outcome is recorded nowhere: hash %q with PTTL %s, %d archive rows (a Lambda killed now leaves it to run again after its window + 15 min)",
 		h["state"], pttl, archived)
+
+	// A process that lives on past the deadline (a server, not a Lambda)
+	// goes on completing: once the archive is free, its next attempt
+	// writes the row and gives the hash its expiry back.
+	require.NoError(t, stall.Rollback(ctx))
+	<-done
+	require.EqualValues(t, 1, calls.Load(), "the handler ran")
+	require.Equal(t, http.StatusCreated, w.Code)
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_key_archive WHERE scoped_key = $1", key).Scan(&archived))
+	require.EqualValues(t, 1, archived, "archived after the deadline")
+	require.Positive(t, s.client.PTTL(ctx, s.prefix+key).Val(), "the hash has its expiry back")
 }
