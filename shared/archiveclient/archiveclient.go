@@ -245,19 +245,25 @@ func misconfigured(err error) bool {
 	}
 	// What the SDK fails with before sending anything, on every call, when
 	// its configuration is wrong (and Validate could not see it, behind an
-	// Invoker that wraps the client): empty static credentials, a region
-	// it cannot bind, and an endpoint its own rules cannot make (no
-	// region, say), the rules being a function of the configuration
-	// alone. A resolver of one's own may fail for a moment (a discovery
-	// service down): its errors carry neither phrase, and stay
-	// ErrUnavailable.
+	// Invoker that wraps the client): empty static credentials, and an
+	// endpoint its own binding and rules cannot make (sdkConfigPhrases),
+	// the rules being a function of the configuration alone. A resolver of
+	// one's own may fail for a moment (a discovery service down): its
+	// errors carry none of those phrases, and stay ErrUnavailable.
 	var empty *credentials.StaticCredentialsEmptyError
 	if errors.As(err, &empty) {
 		return true
 	}
 	msg := err.Error()
-	return strings.Contains(msg, "failed to bind endpoint params") || strings.Contains(msg, "endpoint rule error")
+	return slices.ContainsFunc(sdkConfigPhrases, func(p string) bool { return strings.Contains(msg, p) })
 }
+
+// sdkConfigPhrases are what the Lambda client's own endpoint binding and
+// rules say when they cannot make an endpoint of the configuration: a
+// region they cannot bind, a rule the settings fail (no region, FIPS with
+// a custom endpoint), an endpoint URL they cannot parse (a BaseEndpoint
+// read from a file with its newline).
+var sdkConfigPhrases = []string{"failed to bind endpoint params", "endpoint rule error", "Failed to parse uri"}
 
 // clip cuts what an answer says to maxErrorPayload bytes for an error line,
 // at a character's boundary, with what it cut said.
