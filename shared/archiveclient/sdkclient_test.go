@@ -168,7 +168,8 @@ type meteredInvoker struct{ *lambda.Client }
 
 // The never-invokable SDK clients Validate refuses (no region and no
 // endpoint, as config.LoadDefaultConfig gives on a host without AWS_REGION;
-// empty static credentials) behind a decorator, which Validate does not
+// empty static credentials; an endpoint the SDK cannot parse) behind a
+// decorator, which Validate does not
 // judge: every lookup fails before sending anything, and is
 // archive.ErrMisconfigured, never failed open on.
 func TestANeverInvokableClientBehindADecoratorIsNeverFailedOpenOn(t *testing.T) {
@@ -178,6 +179,10 @@ func TestANeverInvokableClientBehindADecoratorIsNeverFailedOpenOn(t *testing.T) 
 		"no region":                lambda.NewFromConfig(aws.Config{Credentials: creds}),
 		"an unbindable region":     lambda.NewFromConfig(aws.Config{Region: "-eu-west-1", Credentials: creds}),
 		"empty static credentials": lambda.New(lambda.Options{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("", "", "")}),
+		// Endpoints the SDK's rules cannot parse ("Failed to parse uri"):
+		// read from a file with its newline, or with a space.
+		"an endpoint with a newline": lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://127.0.0.1:3001\n")}),
+		"an endpoint with a space":   lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://lambda local:3001")}),
 	} {
 		for kind, inv := range map[string]archiveclient.Invoker{"embedded": meteredInvoker{inner}, "hidden": opaqueInvoker{inner}} {
 			t.Run(name+", "+kind, func(t *testing.T) {
@@ -312,32 +317,4 @@ func (r redirectTo) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
 	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
 	return http.DefaultTransport.RoundTrip(req)
-}
-
-// A BaseEndpoint the SDK's own rules cannot parse (read from a file with its
-// trailing newline, or with a space) fails every Invoke before sending
-// ("Failed to parse uri"): bare, Validate refuses it; behind a decorator,
-// every lookup is archive.ErrMisconfigured, never failed open on.
-func TestAnUnparsableEndpointBehindADecoratorIsNeverFailedOpenOn(t *testing.T) {
-	t.Parallel()
-	creds := credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", "")
-	for name, endpoint := range map[string]string{
-		"trailing newline": "http://127.0.0.1:3001\n",
-		"a space":          "http://lambda local:3001",
-	} {
-		inner := lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String(endpoint)})
-		for kind, inv := range map[string]archiveclient.Invoker{"embedded": meteredInvoker{inner}, "hidden": opaqueInvoker{inner}} {
-			t.Run(name+", "+kind, func(t *testing.T) {
-				require.Error(t, archiveclient.Lambda{Client: inner, FunctionName: "idemarchive-lookup"}.Validate(), "bare, it is refused")
-				c := archiveclient.Lambda{Client: inv, FunctionName: "idemarchive-lookup"}
-				mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
-				require.NoError(t, err)
-				var ran atomic.Int32
-				w := charge(mw, "archived-key", &ran)
-				_, lerr := c.Lookup(context.Background(), "idem:v1:archived-key", nil)
-				require.EqualValues(t, 0, ran.Load(), "a key the archive may hold ran under FailOpen (%d %s): the lookup error was %v", w.Code, w.Body, lerr)
-				require.ErrorIs(t, lerr, archive.ErrMisconfigured)
-			})
-		}
-	}
 }
