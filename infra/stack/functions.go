@@ -133,7 +133,7 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 		// PARTITION_LOCK_TIMEOUT: the longest Lambda allows. The handler
 		// answers CloudFormation before it, even when the database is
 		// unreachable.
-		timeout: 15 * time.Minute,
+		timeout: migrateTimeout,
 		user:    MasterUser,
 		// CloudFormation invokes a custom resource asynchronously. Lambda's
 		// default retries would run a failed or timed-out Create or Update
@@ -143,9 +143,13 @@ func NewFunctions(scope constructs.Construct, id string, net *Network, db *Datab
 		// users the failed update's roles back. The handler answers every
 		// event it receives; a function that dies without answering fails
 		// the deploy at ServiceTimeout instead, and its event goes to the
-		// failed-invocations queue.
+		// failed-invocations queue. For the same race, an event is run only
+		// while a whole run still ends before ServiceTimeout: one queued
+		// longer (the account's concurrency used up) is dropped to that
+		// queue, and the deploy fails at ServiceTimeout, rather than run
+		// beside the rollback.
 		async: &awslambda.EventInvokeConfigOptions{
-			RetryAttempts: jsii.Number(0), MaxEventAge: awscdk.Duration_Minutes(jsii.Number(serviceTimeoutMinutes)), OnFailure: failed,
+			RetryAttempts: jsii.Number(0), MaxEventAge: awscdk.Duration_Seconds(jsii.Number(migrateMaxEventAge.Seconds())), OnFailure: failed,
 		},
 	})
 	// The deploy's migrations and partition run sign in as the partitions

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/constructs-go/constructs/v10"
@@ -80,6 +81,14 @@ func fileDigest(path string) (string, error) {
 }
 
 // serviceTimeoutMinutes is how long CloudFormation waits for the migrate
-// function's answer; an asynchronous invocation older than that is dropped
-// (no one waits for its answer).
+// function's answer.
 const serviceTimeoutMinutes = 20
+
+// migrateTimeout is the migrate function's timeout, the longest Lambda
+// allows, and migrateMaxEventAge how long its event may wait in Lambda's
+// queue: a run that starts then still ends before ServiceTimeout, while
+// CloudFormation waits for its answer (Lambda's floor is a minute).
+const (
+	migrateTimeout     = 15 * time.Minute
+	migrateMaxEventAge = serviceTimeoutMinutes*time.Minute - migrateTimeout
+)
