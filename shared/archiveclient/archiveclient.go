@@ -18,8 +18,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -121,8 +123,12 @@ func checkSDKClient(c *lambda.Client) error {
 		if o.Region != "" {
 			params.Region = aws.String(o.Region)
 		}
-		if _, err := o.EndpointResolverV2.ResolveEndpoint(context.Background(), params); err != nil {
+		ep, err := o.EndpointResolverV2.ResolveEndpoint(context.Background(), params)
+		if err != nil {
 			return fmt.Errorf("archiveclient: Client's endpoint cannot be resolved: %w: every invocation would fail", err)
+		}
+		if err := sendable(ep.URI); err != nil {
+			return fmt.Errorf("archiveclient: Client's endpoint %s: %w: every invocation would fail", ep.URI.Redacted(), err)
 		}
 	}
 	// Static credentials never change: empty ones fail every call. (Other
@@ -131,6 +137,25 @@ func checkSDKClient(c *lambda.Client) error {
 	if o.Credentials != nil && aws.IsCredentialsProvider(o.Credentials, credentials.StaticCredentialsProvider{}) {
 		if _, err := o.Credentials.Retrieve(context.Background()); err != nil {
 			return fmt.Errorf("archiveclient: Client's static credentials: %w: every invocation would fail", err)
+		}
+	}
+	return nil
+}
+
+// sendable refuses an endpoint URL net/http cannot send a request to,
+// which the SDK's rules let through: no http or https scheme
+// (localhost:3001 reads as the scheme "localhost"), no host, a port that
+// is no port.
+func sendable(u url.URL) error {
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("the scheme is %q, not http or https", u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return errors.New("no host")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %q is not 1-65535", p)
 		}
 	}
 	return nil
@@ -263,7 +288,10 @@ func misconfigured(err error) bool {
 // region they cannot bind, a rule the settings fail (no region, FIPS with
 // a custom endpoint), an endpoint URL they cannot parse (a BaseEndpoint
 // read from a file with its newline).
-var sdkConfigPhrases = []string{"failed to bind endpoint params", "endpoint rule error", "Failed to parse uri"}
+var sdkConfigPhrases = []string{"failed to bind endpoint params", "endpoint rule error", "Failed to parse uri",
+	// And what net/http says, before dialing, of an endpoint URL it can
+	// never send to (see sendable).
+	"unsupported protocol scheme", "no Host in request URL", "invalid port"}
 
 // clip cuts what an answer says to maxErrorPayload bytes for an error line,
 // at a character's boundary, with what it cut said.

@@ -183,6 +183,12 @@ func TestANeverInvokableClientBehindADecoratorIsNeverFailedOpenOn(t *testing.T) 
 		// read from a file with its newline, or with a space.
 		"an endpoint with a newline": lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://127.0.0.1:3001\n")}),
 		"an endpoint with a space":   lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://lambda local:3001")}),
+		// Endpoints that parse and that net/http can never send to.
+		"an endpoint without a scheme":       lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("localhost:3001")}),
+		"a host name without a scheme":       lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("lambda.local")}),
+		"an endpoint without a host":         lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://")}),
+		"an ftp endpoint":                    lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("ftp://127.0.0.1:3001")}),
+		"an endpoint with a port past 65535": lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://127.0.0.1:99999")}),
 	} {
 		for kind, inv := range map[string]archiveclient.Invoker{"embedded": meteredInvoker{inner}, "hidden": opaqueInvoker{inner}} {
 			t.Run(name+", "+kind, func(t *testing.T) {
