@@ -104,10 +104,25 @@ func kindOfUnreadable(payload []byte) eventKind {
 	if json.Unmarshal(payload, &fields) != nil {
 		return directEvent
 	}
-	if _, ok := fields["rawPath"]; ok {
+	// Named in any letter case, as decoding matches them.
+	member := func(name string) (json.RawMessage, bool) {
+		for k, v := range fields {
+			if strings.EqualFold(k, name) {
+				return v, true
+			}
+		}
+		return nil, false
+	}
+	if v, ok := member("version"); ok {
+		var version string
+		if json.Unmarshal(v, &version) == nil && version == "2.0" {
+			return httpV2Event
+		}
+	}
+	if _, ok := member("rawPath"); ok {
 		return httpV2Event
 	}
-	if _, ok := fields["httpMethod"]; ok {
+	if _, ok := member("httpMethod"); ok {
 		return restEvent
 	}
 	return directEvent
