@@ -104,28 +104,41 @@ func kindOfUnreadable(payload []byte) eventKind {
 	if json.Unmarshal(payload, &fields) != nil {
 		return directEvent
 	}
-	// Named in any letter case, as decoding matches them.
-	member := func(name string) (json.RawMessage, bool) {
-		for k, v := range fields {
+	// Named in any letter case, as decoding matches them; any of several
+	// spellings counts, so that one payload always gets one answer.
+	members := func(m map[string]json.RawMessage, name string) (vs []json.RawMessage) {
+		for k, v := range m {
 			if strings.EqualFold(k, name) {
-				return v, true
+				vs = append(vs, v)
 			}
 		}
-		return nil, false
+		return vs
 	}
-	if v, ok := member("version"); ok {
+	for _, v := range members(fields, "version") {
 		var version string
 		if json.Unmarshal(v, &version) == nil && version == "2.0" {
 			return httpV2Event
 		}
 	}
-	if _, ok := member("rawPath"); ok {
+	if len(members(fields, "rawPath")) > 0 {
 		return httpV2Event
 	}
-	if _, ok := member("httpMethod"); ok {
-		return restEvent
+	if len(members(fields, "httpMethod")) == 0 {
+		return directEvent
 	}
-	return directEvent
+	// A load balancer's answer needs its statusDescription too.
+	for _, rc := range members(fields, "requestContext") {
+		var ctx map[string]json.RawMessage
+		if json.Unmarshal(rc, &ctx) != nil {
+			continue
+		}
+		for _, elb := range members(ctx, "elb") {
+			if string(elb) != "null" {
+				return albEvent
+			}
+		}
+	}
+	return restEvent
 }
 
 // answerReserve is kept free before the invocation's deadline, on top of

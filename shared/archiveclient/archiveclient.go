@@ -279,6 +279,12 @@ func misconfigured(err error) bool {
 	if errors.As(err, &empty) {
 		return true
 	}
+	// Only of an error no answer came with: the phrases could be in what
+	// the service or a proxy said (a ServiceException's message).
+	var respErr *smithyhttp.ResponseError
+	if errors.As(err, &apiErr) || errors.As(err, &respErr) && respErr.Response != nil && respErr.Response.StatusCode != 0 {
+		return false
+	}
 	msg := err.Error()
 	return slices.ContainsFunc(sdkConfigPhrases, func(p string) bool { return strings.Contains(msg, p) })
 }

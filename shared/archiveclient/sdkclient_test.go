@@ -3,6 +3,7 @@ package archiveclient_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -323,4 +324,40 @@ func (r redirectTo) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
 	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
 	return http.DefaultTransport.RoundTrip(req)
+}
+
+// The phrases that name an SDK configuration failure are read only in an
+// error no answer came with: a service's answer that happens to say them (a
+// transient ServiceException) stays an outage, for OnArchiveError.
+func TestPhrasesInTheServicesAnswerAreNoMisconfiguration(t *testing.T) {
+	t.Parallel()
+	for _, message := range []string{
+		"upstream connect error: invalid port on a draining host, retry",
+		"no Host in request URL",
+		"unsupported protocol scheme",
+		"endpoint rule error, Failed to parse uri",
+	} {
+		t.Run(message, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("X-Amzn-Errortype", "ServiceException")
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = io.WriteString(w, `{"Type":"Service","message":"`+message+`"}`)
+			}))
+			t.Cleanup(srv.Close)
+			client := lambda.New(lambda.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
+				Credentials: credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""), RetryMaxAttempts: 1})
+			c := archiveclient.Lambda{Client: client, FunctionName: "idemarchive-lookup"}
+			require.NoError(t, c.Validate())
+			_, err := c.Lookup(context.Background(), "idem:v1:archived-key", nil)
+			require.NotErrorIs(t, err, archive.ErrMisconfigured)
+			require.ErrorIs(t, err, archiveclient.ErrUnavailable)
+			mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
+			require.NoError(t, err)
+			var ran atomic.Int32
+			w := charge(mw, "archived-key", &ran)
+			require.EqualValues(t, 1, ran.Load(), "FailOpen not honoured on an outage: %d %s", w.Code, w.Body.String())
+		})
+	}
 }
