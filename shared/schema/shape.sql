@@ -95,9 +95,15 @@ UNION ALL
 SELECT 'idempotency_keys has no validated CHECK constraint idempotency_keys_completed_has_status ((state = ''completed'') = (status_code IS NOT NULL))'
   FROM rel r
  WHERE r.relname = 'idempotency_keys'
-   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
-                    WHERE c.conrelid = r.oid AND c.contype = 'c' AND c.convalidated
-                      AND c.conname = 'idempotency_keys_completed_has_status')
+   -- Its rule, not its name alone (as PostgreSQL 15 and 17 print it),
+   -- printed for this table's constraint alone (OFFSET 0 keeps the filter
+   -- first: printing another table's, dropped meanwhile, fails the query).
+   AND NOT EXISTS (SELECT 1
+                     FROM (SELECT c.oid FROM pg_catalog.pg_constraint c
+                            WHERE c.conrelid = r.oid AND c.contype = 'c' AND c.convalidated
+                              AND c.conname = 'idempotency_keys_completed_has_status'
+                           OFFSET 0) k
+                    WHERE pg_catalog.pg_get_constraintdef(k.oid) = 'CHECK (((state = ''completed''::text) = (status_code IS NOT NULL)))')
 UNION ALL
 SELECT format('idempotency_key_archive is partitioned %s, not RANGE (expired_at)', pg_catalog.pg_get_partkeydef(r.oid))
   FROM rel r

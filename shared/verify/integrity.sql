@@ -1,7 +1,8 @@
 -- What verify's "tables are as migrate made them" check adds to the shape
 -- schema.Mismatches reads: one row per problem, in the migrated schema
 -- (current_schema()), and in every schema for the archive's partitions,
--- none where the tables do not exist.
+-- none where the tables do not exist (a table missing beside the live
+-- table is one).
 --
 -- Why each matters:
 --   - The search_path's first schema must be the one holding the tables:
@@ -69,7 +70,7 @@ expected_trigger (relname, tgname, tgtype, columns, body, proname, source_md5, d
             'idempotency_copy_pending_range', '3f7421166c07ffe631d532d7cb37d91d', true)
 ),
 trig AS (
-    SELECT e.relname, e.tgname, g.tgenabled,
+    SELECT e.relname, e.tgname, g.tgenabled, t.oid IS NULL AS no_table,
            (g.tgtype = e.tgtype
            AND ARRAY(SELECT a.attname::text FROM pg_catalog.unnest(g.tgattr::int2[]) AS k (attnum)
                        JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum
@@ -79,9 +80,13 @@ trig AS (
            AND pg_catalog.md5(p.prosrc) = e.source_md5 AND p.prosecdef = e.definer
            AND p.proconfig IS NOT DISTINCT FROM '{"search_path=pg_catalog, pg_temp"}'::text[]) IS TRUE AS same
       FROM expected_trigger e
-      JOIN tbl t ON t.relname = e.relname AND NOT t.in_archive
+      LEFT JOIN tbl t ON t.relname = e.relname AND NOT t.in_archive
       LEFT JOIN pg_catalog.pg_trigger g ON g.tgrelid = t.oid AND g.tgname = e.tgname
       LEFT JOIN pg_catalog.pg_proc p ON p.oid = g.tgfoid
+     -- A table dropped (a DROP ... CASCADE, a partial restore) takes its
+     -- trigger with it: said, where the live table says the schema is
+     -- migrated.
+     WHERE t.oid IS NOT NULL OR EXISTS (SELECT FROM tbl WHERE relname = 'idempotency_keys' AND NOT in_archive)
 ),
 write_privilege (privilege, by_column) AS (
     VALUES ('INSERT', true), ('UPDATE', true), ('DELETE', false), ('TRUNCATE', false), ('REFERENCES', true), ('TRIGGER', false)
@@ -103,7 +108,8 @@ SELECT pg_catalog.format('%s has row level security on: lookups and sweeps see o
   FROM tbl t
  WHERE t.row_security
 UNION ALL
-SELECT CASE WHEN g.tgenabled IS NULL THEN pg_catalog.format('%s has no trigger %s', g.relname, g.tgname)
+SELECT CASE WHEN g.no_table THEN pg_catalog.format('%s is missing, and its trigger %s with it', g.relname, g.tgname)
+            WHEN g.tgenabled IS NULL THEN pg_catalog.format('%s has no trigger %s', g.relname, g.tgname)
             WHEN NOT g.same THEN pg_catalog.format('trigger %s on %s is not the one migrate creates', g.tgname, g.relname)
             ELSE pg_catalog.format('trigger %s on %s is %s', g.tgname, g.relname,
                                    CASE g.tgenabled WHEN 'D' THEN 'disabled' ELSE 'replica-only' END) END
