@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -285,7 +286,17 @@ func misconfigured(err error) bool {
 	if errors.As(err, &apiErr) || errors.As(err, &respErr) && respErr.Response != nil && respErr.Response.StatusCode != 0 {
 		return false
 	}
+	// A port that is no port is the dialer's own word (net.AddrError): the
+	// phrase could as well be in a redirect's Location header the client
+	// failed to parse, which a server wrote.
+	var addrErr *net.AddrError
+	if errors.As(err, &addrErr) && addrErr.Err == "invalid port" {
+		return true
+	}
 	msg := err.Error()
+	if strings.Contains(msg, "Location header") || strings.Contains(msg, "proxyconnect") {
+		return false // what a server or a proxy said, quoted
+	}
 	return slices.ContainsFunc(sdkConfigPhrases, func(p string) bool { return strings.Contains(msg, p) })
 }
 
@@ -297,7 +308,7 @@ func misconfigured(err error) bool {
 var sdkConfigPhrases = []string{"failed to bind endpoint params", "endpoint rule error", "Failed to parse uri",
 	// And what net/http says, before dialing, of an endpoint URL it can
 	// never send to (see sendable).
-	"unsupported protocol scheme", "no Host in request URL", "invalid port"}
+	"unsupported protocol scheme", "no Host in request URL"}
 
 // clip cuts what an answer says to maxErrorPayload bytes for an error line,
 // at a character's boundary, with what it cut said.

@@ -361,3 +361,36 @@ func TestPhrasesInTheServicesAnswerAreNoMisconfiguration(t *testing.T) {
 		})
 	}
 }
+
+// A redirect whose Location the HTTP client cannot parse ends with no
+// response and the server's text in the error ("invalid port"): what a
+// server said, an outage for OnArchiveError, not the client's configuration.
+func TestARedirectWithABadLocationIsNoMisconfiguration(t *testing.T) {
+	t.Parallel()
+	for name, location := range map[string]string{
+		"invalid port":       "http://archive.example:bad port/",
+		"invalid port again": "https://lambda.us-east-1.amazonaws.com:443x/",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Location", location)
+				w.WriteHeader(http.StatusFound)
+			}))
+			t.Cleanup(srv.Close)
+			client := lambda.New(lambda.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
+				Credentials: credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""), RetryMaxAttempts: 1})
+			c := archiveclient.Lambda{Client: client, FunctionName: "idemarchive-lookup"}
+			require.NoError(t, c.Validate())
+			_, err := c.Lookup(context.Background(), "idem:v1:archived-key", nil)
+			require.Error(t, err)
+			require.NotErrorIs(t, err, archive.ErrMisconfigured, "a server's redirect answer was taken for the client's configuration: %v", err)
+			require.ErrorIs(t, err, archiveclient.ErrUnavailable)
+			mw, err := idempotency.New(idempotency.Config{Store: freshStore{}, Archive: c, SingleTenant: true, OnArchiveError: idempotency.FailOpen})
+			require.NoError(t, err)
+			var ran atomic.Int32
+			w := charge(mw, "archived-key", &ran)
+			require.EqualValues(t, 1, ran.Load(), "FailOpen not honoured on a server's answer: %d %s", w.Code, w.Body.String())
+		})
+	}
+}
