@@ -293,9 +293,18 @@ func misconfigured(err error) bool {
 	if errors.As(err, &addrErr) && addrErr.Err == "invalid port" {
 		return true
 	}
+	// Port 0 dials, and is refused, on every call (sendable refuses it).
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" && opErr.Addr != nil {
+		if _, port, err := net.SplitHostPort(opErr.Addr.String()); err == nil && port == "0" {
+			return true
+		}
+	}
 	msg := err.Error()
-	if strings.Contains(msg, "Location header") || strings.Contains(msg, "proxyconnect") {
-		return false // what a server or a proxy said, quoted
+	for _, quoted := range []string{"Location header", "proxyconnect", "transport connection broken", "malformed"} {
+		if strings.Contains(msg, quoted) {
+			return false // what a server or a proxy said, quoted
+		}
 	}
 	return slices.ContainsFunc(sdkConfigPhrases, func(p string) bool { return strings.Contains(msg, p) })
 }

@@ -190,6 +190,9 @@ func TestANeverInvokableClientBehindADecoratorIsNeverFailedOpenOn(t *testing.T) 
 		"an endpoint without a host":         lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://")}),
 		"an ftp endpoint":                    lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("ftp://127.0.0.1:3001")}),
 		"an endpoint with a port past 65535": lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://127.0.0.1:99999")}),
+		// Port 0 dials, and is refused, on every call.
+		"an endpoint on port 0":  lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("http://127.0.0.1:0")}),
+		"an endpoint on port 00": lambda.NewFromConfig(aws.Config{Region: "eu-west-1", Credentials: creds, BaseEndpoint: aws.String("https://127.0.0.1:00")}),
 	} {
 		for kind, inv := range map[string]archiveclient.Invoker{"embedded": meteredInvoker{inner}, "hidden": opaqueInvoker{inner}} {
 			t.Run(name+", "+kind, func(t *testing.T) {

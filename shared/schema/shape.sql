@@ -83,13 +83,16 @@ SELECT format('%s.scoped_key is not in the "C" collation', r.relname)
                            -- datlocprovider from PostgreSQL 15 on ('i': ICU, whatever datcollate says)
                            AND coalesce(pg_catalog.to_jsonb(d) ->> 'datlocprovider', 'c') = 'c'))
 UNION ALL
-SELECT format('%s has no primary key (%s) that ON CONFLICT can use (none, or a DEFERRABLE one)', k.relname, array_to_string(k.cols, ', '))
+SELECT format('%s has no primary key (%s) that ON CONFLICT can use (none, a DEFERRABLE one, or one whose index is not valid)', k.relname, array_to_string(k.cols, ', '))
   FROM rel r JOIN primary_key k ON k.relname = r.relname
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
                     WHERE c.conrelid = r.oid AND c.contype = 'p'
-                      -- ON CONFLICT takes no DEFERRABLE arbiter: every
-                      -- registration, or sweep retry, would fail.
+                      -- ON CONFLICT takes no DEFERRABLE arbiter, nor one
+                      -- whose index is not valid (a key added to the
+                      -- partitioned parent ONLY): every registration, or
+                      -- sweep retry, would fail.
                       AND NOT c.condeferrable
+                      AND EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indexrelid = c.conindid AND i.indisvalid)
                       AND ARRAY(SELECT a.attname::text
                                   FROM unnest(c.conkey) WITH ORDINALITY AS u (attnum, i)
                                   JOIN pg_catalog.pg_attribute a ON a.attrelid = r.oid AND a.attnum = u.attnum
